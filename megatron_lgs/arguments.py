@@ -1,0 +1,389 @@
+"""Command-line flags (Megatron-LM spellings) parsed once into typed configs, validated up front.
+
+`parse_args()` turns argv into a `Config` of small dataclasses, one per concern, and checks every
+cross-flag rule before any process group exists: a bad combination costs one clear line on
+stderr and exit code 2, never a traceback from inside megatron-core.
+
+The defaults are the embedded run: a tiny GPT on the bundled corpus, small enough for a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import NoReturn
+
+
+class ConfigError(ValueError):
+    """A flag combination that cannot run; the message is one line, addressed to the user."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 128
+    ffn_hidden_size: int | None = None  # 4 x hidden when unset, as in Megatron-LM
+    num_attention_heads: int = 4
+    group_query_attention: bool = False
+    num_query_groups: int | None = None
+    seq_length: int = 128
+    max_position_embeddings: int | None = None  # seq_length when unset
+    position_embedding_type: str = "learned_absolute"
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    add_bias_linear: bool = True
+    untie_embeddings_and_output_weights: bool = False
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    make_vocab_size_divisible_by: int = 128
+    transformer_impl: str = "auto"  # local on CPU, transformer_engine where TE runs
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    world_size: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def data_parallel_size(self) -> int:
+        model_parallel = (
+            self.tensor_model_parallel_size
+            * self.pipeline_model_parallel_size
+            * self.context_parallel_size
+        )
+        return self.world_size // model_parallel
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: float | None = None  # static scale; dynamic scaling when unset
+    initial_loss_scale: float = 2.0**32
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    fp8_format: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    lr_decay_style: str = "cosine"
+    lr_decay_iters: int | None = None  # train_iters when unset
+    lr_warmup_iters: int = 0
+    lr_warmup_fraction: float | None = None
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_iters: int | None = None
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    ddp_bucket_size: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    micro_batch_size: int = 8
+    global_batch_size: int = 16
+    train_iters: int = 300
+    seed: int = 1234
+    eval_interval: int = 50
+    eval_iters: int = 4
+    exit_interval: int | None = None
+    log_interval: int = 10
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: str | None = "checkpoints/tiny-gpt"
+    load: str | None = None
+    save_interval: int | None = None  # save at the end only when unset
+    ckpt_format: str = "torch_dist"
+    no_save_optim: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    finetune: bool = False
+
+
+@dataclass(frozen=True)
+class DataArgs:
+    vocab_size: int = 4096  # size of the BPE vocabulary trained on the embedded corpus
+    data_cache_dir: str = ".cache/data"
+    num_workers: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataArgs = field(default_factory=DataArgs)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add(group: argparse._ArgumentGroup, name: str, default: object, **kwargs: object) -> None:
+    if isinstance(default, bool) and "action" not in kwargs:
+        kwargs["action"] = "store_false" if default else "store_true"
+    elif "type" not in kwargs and default is not None and "action" not in kwargs:
+        kwargs["type"] = type(default)
+    group.add_argument(name, default=default, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="pretrain_gpt.py",
+        description="GPT pretraining on megatron-core. With no flags: a tiny GPT on the "
+        "embedded corpus, on whatever this machine has.",
+    )
+    m, par, pr, o, t, c, d = (ModelConfig(), ParallelConfig(), PrecisionConfig(),
+                              OptimizerConfig(), TrainingConfig(), CheckpointConfig(), DataArgs())
+
+    g = p.add_argument_group("model")
+    _add(g, "--num-layers", m.num_layers)
+    _add(g, "--hidden-size", m.hidden_size)
+    _add(g, "--ffn-hidden-size", m.ffn_hidden_size, type=int)
+    _add(g, "--num-attention-heads", m.num_attention_heads)
+    _add(g, "--group-query-attention", m.group_query_attention)
+    _add(g, "--num-query-groups", m.num_query_groups, type=int)
+    _add(g, "--seq-length", m.seq_length)
+    _add(g, "--max-position-embeddings", m.max_position_embeddings, type=int)
+    _add(g, "--position-embedding-type", m.position_embedding_type,
+         choices=["learned_absolute", "rope"])
+    _add(g, "--normalization", m.normalization, choices=["LayerNorm", "RMSNorm"])
+    _add(g, "--swiglu", m.swiglu)
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false")
+    _add(g, "--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights)
+    _add(g, "--init-method-std", m.init_method_std)
+    _add(g, "--hidden-dropout", m.hidden_dropout)
+    _add(g, "--attention-dropout", m.attention_dropout)
+    _add(g, "--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by)
+    _add(g, "--transformer-impl", m.transformer_impl,
+         choices=["auto", "local", "transformer_engine"])
+
+    g = p.add_argument_group("parallelism")
+    _add(g, "--tensor-model-parallel-size", par.tensor_model_parallel_size)
+    _add(g, "--pipeline-model-parallel-size", par.pipeline_model_parallel_size)
+    _add(g, "--context-parallel-size", par.context_parallel_size)
+    _add(g, "--expert-model-parallel-size", par.expert_model_parallel_size)
+    _add(g, "--sequence-parallel", par.sequence_parallel)
+
+    g = p.add_argument_group("precision")
+    _add(g, "--bf16", pr.bf16)
+    _add(g, "--fp16", pr.fp16)
+    _add(g, "--loss-scale", pr.loss_scale, type=float)
+    _add(g, "--initial-loss-scale", pr.initial_loss_scale)
+    _add(g, "--min-loss-scale", pr.min_loss_scale)
+    _add(g, "--loss-scale-window", pr.loss_scale_window)
+    _add(g, "--hysteresis", pr.hysteresis)
+    _add(g, "--fp8-format", pr.fp8_format, type=str, choices=["e4m3", "hybrid"])
+
+    g = p.add_argument_group("optimizer and learning rate")
+    _add(g, "--optimizer", o.optimizer, choices=["adam", "sgd"])
+    _add(g, "--lr", o.lr)
+    _add(g, "--min-lr", o.min_lr)
+    _add(g, "--lr-decay-style", o.lr_decay_style,
+         choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    _add(g, "--lr-decay-iters", o.lr_decay_iters, type=int)
+    _add(g, "--lr-warmup-iters", o.lr_warmup_iters)
+    _add(g, "--lr-warmup-fraction", o.lr_warmup_fraction, type=float)
+    _add(g, "--lr-wsd-decay-style", o.lr_wsd_decay_style,
+         choices=["exponential", "linear", "cosine", "minus_sqrt"])
+    _add(g, "--lr-wsd-decay-iters", o.lr_wsd_decay_iters, type=int)
+    _add(g, "--weight-decay", o.weight_decay)
+    _add(g, "--clip-grad", o.clip_grad)
+    _add(g, "--adam-beta1", o.adam_beta1)
+    _add(g, "--adam-beta2", o.adam_beta2)
+    _add(g, "--adam-eps", o.adam_eps)
+    _add(g, "--sgd-momentum", o.sgd_momentum)
+    _add(g, "--use-distributed-optimizer", o.use_distributed_optimizer)
+    _add(g, "--overlap-grad-reduce", o.overlap_grad_reduce)
+    _add(g, "--overlap-param-gather", o.overlap_param_gather)
+    _add(g, "--ddp-bucket-size", o.ddp_bucket_size, type=int)
+
+    g = p.add_argument_group("batch and run")
+    _add(g, "--micro-batch-size", t.micro_batch_size)
+    _add(g, "--global-batch-size", t.global_batch_size)
+    _add(g, "--train-iters", t.train_iters)
+    _add(g, "--seed", t.seed)
+    _add(g, "--eval-interval", t.eval_interval)
+    _add(g, "--eval-iters", t.eval_iters)
+    _add(g, "--exit-interval", t.exit_interval, type=int)
+    _add(g, "--log-interval", t.log_interval)
+
+    g = p.add_argument_group("checkpointing")
+    _add(g, "--save", c.save, type=str)
+    g.add_argument("--no-save", dest="save", action="store_const", const=None,
+                   help="do not write checkpoints")
+    _add(g, "--load", c.load, type=str)
+    _add(g, "--save-interval", c.save_interval, type=int)
+    _add(g, "--ckpt-format", c.ckpt_format, choices=["torch_dist"])
+    _add(g, "--no-save-optim", c.no_save_optim)
+    _add(g, "--no-load-optim", c.no_load_optim)
+    _add(g, "--no-load-rng", c.no_load_rng)
+    _add(g, "--finetune", c.finetune)
+
+    g = p.add_argument_group("data")
+    _add(g, "--vocab-size", d.vocab_size)
+    _add(g, "--data-cache-dir", d.data_cache_dir)
+    _add(g, "--num-workers", d.num_workers)
+    return p
+
+
+def _pick(cls: type, ns: argparse.Namespace, **extra: object) -> object:
+    names = {f for f in cls.__dataclass_fields__}
+    values = {k: v for k, v in vars(ns).items() if k in names}
+    values.update(extra)
+    return cls(**values)
+
+
+def world_size_from_env() -> int:
+    """World size as torchrun or Slurm will give it, read before any process group exists."""
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def validate(cfg: Config) -> None:
+    """Every rule that needs more than one flag. Raises ConfigError with a one-line message."""
+    m, par, t, o, pr = cfg.model, cfg.parallel, cfg.training, cfg.optim, cfg.precision
+    positive = {
+        "--num-layers": m.num_layers, "--hidden-size": m.hidden_size,
+        "--num-attention-heads": m.num_attention_heads, "--seq-length": m.seq_length,
+        "--micro-batch-size": t.micro_batch_size, "--global-batch-size": t.global_batch_size,
+        "--train-iters": t.train_iters, "--log-interval": t.log_interval,
+        "--eval-interval": t.eval_interval, "--vocab-size": cfg.data.vocab_size,
+        "--tensor-model-parallel-size": par.tensor_model_parallel_size,
+        "--pipeline-model-parallel-size": par.pipeline_model_parallel_size,
+        "--context-parallel-size": par.context_parallel_size,
+        "--expert-model-parallel-size": par.expert_model_parallel_size,
+    }
+    for flag, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, \
+        par.context_parallel_size
+    if m.num_attention_heads % tp:
+        raise ConfigError(f"--num-attention-heads ({m.num_attention_heads}) must be divisible by "
+                          f"--tensor-model-parallel-size ({tp})")
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"--hidden-size ({m.hidden_size}) must be divisible by "
+                          f"--num-attention-heads ({m.num_attention_heads})")
+    if m.group_query_attention:
+        groups = m.num_query_groups or 0
+        if groups < 1 or m.num_attention_heads % groups or groups % tp:
+            raise ConfigError(f"--num-query-groups ({m.num_query_groups}) must divide "
+                              f"--num-attention-heads and be divisible by TP ({tp})")
+    if par.world_size % (tp * pp * cp):
+        raise ConfigError(f"world size ({par.world_size}) must be divisible by TP x PP x CP "
+                          f"({tp} x {pp} x {cp})")
+    dp = par.data_parallel_size
+    if par.world_size % (par.expert_model_parallel_size * tp * pp) and \
+            par.expert_model_parallel_size > 1:
+        raise ConfigError(f"world size ({par.world_size}) must be divisible by EP x TP x PP")
+    if m.num_layers % pp:
+        raise ConfigError(f"--num-layers ({m.num_layers}) must be divisible by "
+                          f"--pipeline-model-parallel-size ({pp})")
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
+                          f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
+    if par.sequence_parallel and tp == 1:
+        raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if pr.bf16 and pr.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if (m.max_position_embeddings or m.seq_length) < m.seq_length:
+        raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
+                          f"than --seq-length ({m.seq_length})")
+    if o.overlap_param_gather and not o.use_distributed_optimizer:
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
+        raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
+    if o.lr < o.min_lr:
+        raise ConfigError(f"--lr ({o.lr}) is smaller than --min-lr ({o.min_lr})")
+    if o.lr_warmup_fraction is not None and not 0.0 <= o.lr_warmup_fraction < 1.0:
+        raise ConfigError(f"--lr-warmup-fraction must be in [0, 1), got {o.lr_warmup_fraction}")
+    decay_iters = o.lr_decay_iters or t.train_iters
+    warmup = warmup_iters(cfg)
+    if warmup >= decay_iters:
+        raise ConfigError(f"warmup ({warmup} iterations) must be shorter than the decay "
+                          f"({decay_iters} iterations)")
+    if o.lr_decay_style == "WSD" and o.lr_wsd_decay_iters is None:
+        raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
+    if t.exit_interval is not None and t.exit_interval < 1:
+        raise ConfigError(f"--exit-interval must be at least 1, got {t.exit_interval}")
+    if cfg.checkpoint.save_interval is not None and cfg.checkpoint.save_interval < 1:
+        raise ConfigError(f"--save-interval must be at least 1, got {cfg.checkpoint.save_interval}")
+    if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
+        raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
+
+
+def warmup_iters(cfg: Config) -> int:
+    o = cfg.optim
+    if o.lr_warmup_fraction is not None:
+        return int(o.lr_warmup_fraction * (o.lr_decay_iters or cfg.training.train_iters))
+    return o.lr_warmup_iters
+
+
+def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
+    return Config(
+        model=_pick(ModelConfig, ns),
+        parallel=_pick(ParallelConfig, ns, world_size=world_size),
+        precision=_pick(PrecisionConfig, ns),
+        optim=_pick(OptimizerConfig, ns),
+        training=_pick(TrainingConfig, ns),
+        checkpoint=_pick(CheckpointConfig, ns),
+        data=_pick(DataArgs, ns),
+    )
+
+
+def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> Config:
+    """Parse and validate; on a bad flag print one line and exit with status 2."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    cfg = config_from_namespace(ns, world_size or world_size_from_env())
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return cfg
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the run with one clear line (for checks that need the platform, e.g. FP8 on CPU)."""
+    sys.stderr.write(f"pretrain_gpt.py: error: {message}\n")
+    raise SystemExit(2)

@@ -1,0 +1,173 @@
+"""Checkpoints: model and optimizer through megatron-core dist_checkpointing (torch_dist), plus the
+run state and every rank's RNG, written so that a crash at any moment leaves a loadable one.
+
+Layout (Megatron-LM's names):
+    SAVE/iter_0000010/                  dist_checkpointing shards + run_state.json + rng/
+    SAVE/latest_checkpointed_iteration.txt
+
+A save goes to `iter_N.partial/`, is renamed to `iter_N/` once every rank has finished, and only
+then does the tracker file move (atomically) to N. Our own files are JSON and tensor-only
+`torch.save` files loaded with `weights_only=True`; nothing is unpickled beyond that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+from megatron_lgs.arguments import CheckpointConfig, ConfigError
+from megatron_lgs.run_state import RunState
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+RUN_STATE_FILE = "run_state.json"
+# dp_reshardable: each rank writes its own optimizer shard, no gather. (megatron-core 0.16.1's
+# fully_reshardable format corrupts parameters when there is more than one bucket.)
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+# Test hook: SIGKILL this process at a named point of a save, to prove crash safety.
+FAULT_ENV = "MEGATRON_LGS_FAULT"
+
+
+def _fault_point(name: str) -> None:
+    if os.environ.get(FAULT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_dir(root: str, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: str) -> int | None:
+    """The last completely written checkpoint, or None when there is none."""
+    tracker = Path(root) / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise ConfigError(f"{tracker} does not hold an iteration number: {text!r}")
+    iteration = int(text)
+    if not checkpoint_dir(root, iteration).is_dir():
+        raise ConfigError(f"{tracker} names iteration {iteration}, but "
+                          f"{checkpoint_dir(root, iteration)} is missing")
+    return iteration
+
+
+def _rng_state() -> dict[str, object]:
+    state: dict[str, object] = {
+        "cpu": torch.get_rng_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(dict(state["tracker"]))
+
+
+def _sharded_state_dict(model, optimizer: MegatronOptimizer | None, is_loading: bool) -> dict:
+    state = {"model": model.sharded_state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state["model"], is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
+    return state
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
+                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler) -> Path:
+    """Write iteration `state.iteration`; returns its directory. Collective over all ranks."""
+    assert cfg.save is not None
+    rank = dist.get_rank()
+    final = checkpoint_dir(cfg.save, state.iteration)
+    partial = final.with_name(final.name + ".partial")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier save
+        partial.mkdir(parents=True)
+    dist.barrier()
+
+    state.scheduler = scheduler.state_dict()
+    sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
+                                  is_loading=False)
+    dist_checkpointing.save(sharded, str(partial))
+    (partial / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), partial / "rng" / f"rank_{rank:05d}.pt")
+    _fault_point("save:after_shards")
+    dist.barrier()
+
+    if rank == 0:
+        _write_atomic(partial / RUN_STATE_FILE, state.to_json())
+        if final.exists():  # the same iteration saved again (e.g. resumed, then exit-interval)
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _write_atomic(Path(cfg.save) / TRACKER_FILE, str(state.iteration))
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
+                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler) -> bool:
+    """Restore from the newest complete checkpoint under --load. Returns False when there is
+    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run."""
+    assert cfg.load is not None
+    iteration = latest_iteration(cfg.load)
+    if iteration is None:
+        return False
+    directory = checkpoint_dir(cfg.load, iteration)
+    saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
+    if not cfg.finetune:
+        for name in ("config_fingerprint", "data_fingerprint"):
+            if getattr(saved, name) != getattr(state, name):
+                raise ConfigError(
+                    f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
+                    f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
+                    f"seed, batch or data settings changed. Use --finetune to load only weights")
+
+    load_optim = not (cfg.no_load_optim or cfg.finetune)
+    sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
+    loaded = dist_checkpointing.load(sharded, str(directory))
+    model.load_state_dict(loaded["model"])
+    if load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])
+    if cfg.finetune:
+        return True
+
+    scheduler.load_state_dict(saved.scheduler)
+    state.iteration = saved.iteration
+    state.consumed_train_samples = saved.consumed_train_samples
+    state.skipped_iterations = saved.skipped_iterations
+    if not cfg.no_load_rng:
+        rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"
+        if not rng_file.is_file():
+            raise ConfigError(f"{rng_file} is missing (saved with another world size?); "
+                              f"use --no-load-rng to continue with fresh RNG streams")
+        _set_rng_state(torch.load(rng_file, weights_only=True))
+    return True
+
+
+def describe(directory: Path) -> str:
+    """One line for the log: what a checkpoint directory holds."""
+    saved = json.loads((directory / RUN_STATE_FILE).read_text())
+    return (f"iteration {saved['iteration']}, consumed samples "
+            f"{saved['consumed_train_samples']}")

@@ -1,0 +1,47 @@
+"""Feeding micro-batches to the schedule: which samples this data-parallel rank takes, in order,
+from a given consumed-samples count. The dataset is map-style and each sample is a pure function
+of its global index, so the stream restarts anywhere (resume) with any number of workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data_pipeline import collate, global_batch_indices
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches (lists of global sample indices), global batch after
+    global batch, starting at `consumed_samples`. Endless: the trainer decides when to stop."""
+
+    def __init__(self, consumed_samples: int, global_batch_size: int, micro_batch_size: int,
+                 dp_rank: int, dp_size: int) -> None:
+        self.consumed_samples = consumed_samples
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = self.consumed_samples
+        while True:
+            mine = global_batch_indices(start, self.global_batch_size, self.dp_rank, self.dp_size)
+            for k in range(0, len(mine), self.micro_batch_size):
+                yield mine[k:k + self.micro_batch_size]
+            start += self.global_batch_size
+
+
+def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
+                       num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    if num_workers == 0:
+        return (collate([dataset[i] for i in indices]) for indices in sampler)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                        collate_fn=collate, persistent_workers=True)
+    return iter(loader)
+
+
+def fixed_batches(dataset: Dataset, batches: Sequence[list[int]]) -> Iterator[dict]:
+    """The same micro-batches every time: validation compares like with like."""
+    return (collate([dataset[i] for i in indices]) for indices in batches)

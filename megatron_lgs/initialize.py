@@ -1,0 +1,79 @@
+"""Process groups and seeds: torch.distributed from torchrun/Slurm env (or one process without
+them), megatron-core parallel_state from the configured sizes, and the model-parallel RNG."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from megatron_lgs.arguments import Config, ConfigError
+from megatron_lgs.platform import Platform
+
+
+def check_platform(cfg: Config, platform: Platform) -> None:
+    """Flags this machine cannot honour: refused here, before any process group starts."""
+    if cfg.precision.fp8_format is not None and not platform.te_available:
+        raise ConfigError(
+            f"--fp8-format {cfg.precision.fp8_format} needs Transformer Engine on a GPU, "
+            f"and it cannot run here ({platform.te_error}); refusing to train in BF16 instead"
+        )
+    if cfg.model.transformer_impl == "transformer_engine" and not platform.te_available:
+        raise ConfigError(
+            f"--transformer-impl transformer_engine: Transformer Engine cannot run here "
+            f"({platform.te_error})"
+        )
+    if cfg.parallel.context_parallel_size > 1 and not platform.te_available:
+        raise ConfigError(
+            "--context-parallel-size > 1 needs Transformer Engine attention, which cannot run "
+            f"here ({platform.te_error})"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(cfg: Config, platform: Platform) -> None:
+    """Join (or, as a lone process, create) the default group and megatron's parallel groups."""
+    if not dist.is_initialized():
+        rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+        world = cfg.parallel.world_size
+        if world == 1 and "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(_free_port())
+        if platform.is_cuda:
+            local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(
+            backend=platform.backend, rank=rank, world_size=world,
+            timeout=timedelta(minutes=10),
+        )
+    par = cfg.parallel
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        context_parallel_size=par.context_parallel_size,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+    )
+
+
+def set_seeds(seed: int) -> None:
+    """Megatron's scheme: the data-parallel seed differs per pipeline stage, and the tracker
+    derives tensor- and expert-parallel seeds from it."""
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

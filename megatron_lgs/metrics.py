@@ -1,0 +1,92 @@
+"""Console lines in Megatron-LM's shape (existing log parsers keep working), throughput, MFU,
+and an exact per-iteration JSON-lines record for tools and tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# Dense BF16 peak TFLOP/s per GPU, from the vendors' spec sheets; MFU is printed only for these.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def gpu_peak_tflops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+@dataclass
+class IntervalStats:
+    """Accumulates between two log lines."""
+
+    iterations: int = 0
+    loss_sum: float = 0.0
+    nan_iterations: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss: float) -> None:
+        self.iterations += 1
+        if math.isfinite(loss):
+            self.loss_sum += loss
+        else:
+            self.nan_iterations += 1
+
+    def mean_loss(self) -> float:
+        good = self.iterations - self.nan_iterations
+        return self.loss_sum / good if good else float("nan")
+
+
+def training_log_line(*, iteration: int, train_iters: int, consumed_samples: int,
+                      ms_per_iteration: float, lr: float, global_batch_size: int,
+                      loss: float, loss_scale: float, grad_norm: float | None,
+                      skipped: int, nan_iterations: int, tokens_per_second: float,
+                      tflops_per_gpu: float, mfu: float | None) -> str:
+    parts = [
+        f" [{time.strftime('%Y-%m-%d %H:%M:%S')}] iteration {iteration:8d}/{train_iters:8d}",
+        f" consumed samples: {consumed_samples:12d}",
+        f" elapsed time per iteration (ms): {ms_per_iteration:.1f}",
+        f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.3f}",
+        f" learning rate: {lr:.6E}",
+        f" global batch size: {global_batch_size:5d}",
+        f" lm loss: {loss:.6E}",
+        f" loss scale: {loss_scale:.1f}",
+        f" grad norm: {grad_norm:.3f}" if grad_norm is not None else " grad norm: nan",
+        f" number of skipped iterations: {skipped:3d}",
+        f" number of nan iterations: {nan_iterations:3d}",
+        f" tokens per second: {tokens_per_second:.1f}",
+    ]
+    if mfu is not None:
+        parts.append(f" MFU: {100 * mfu:.1f}%")
+    return "".join(part + " |" for part in parts)
+
+
+def validation_log_line(iteration: int, loss: float) -> str:
+    ppl = math.exp(min(20.0, loss))
+    return (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+            f"lm loss PPL: {ppl:.6E} |")
+
+
+class MetricsFile:
+    """One JSON object per event, floats at full precision (bit-exactness is checked on it)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a")
+
+    def write(self, **record: object) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()

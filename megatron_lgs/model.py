@@ -1,0 +1,114 @@
+"""megatron-core GPTModel from the model/parallel/precision configs.
+
+The layer spec follows the platform: Transformer Engine modules where TE runs, megatron-core's
+local modules elsewhere (CPU). Parameter names differ between the two; only the sharded
+dist_checkpointing format maps between them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+
+from megatron_lgs.arguments import Config
+from megatron_lgs.platform import Platform
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron pads the vocabulary so each tensor-parallel shard has a round size."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def use_transformer_engine(cfg: Config, platform: Platform) -> bool:
+    impl = cfg.model.transformer_impl
+    return impl == "transformer_engine" or (impl == "auto" and platform.te_available)
+
+
+def params_dtype(cfg: Config) -> torch.dtype:
+    return torch.bfloat16 if cfg.precision.bf16 else torch.float16 if cfg.precision.fp16 \
+        else torch.float32
+
+
+def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
+    m, par = cfg.model, cfg.parallel
+    dtype = params_dtype(cfg)
+    on_gpu = platform.is_cuda
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups if m.group_query_attention else None,
+        init_method_std=m.init_method_std,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        add_bias_linear=m.add_bias_linear,
+        normalization=m.normalization,
+        gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu,
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        context_parallel_size=par.context_parallel_size,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+        sequence_parallel=par.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=cfg.precision.bf16,
+        fp16=cfg.precision.fp16,
+        # The same seed gives the same full weights whatever the tensor-parallel layout.
+        use_cpu_initialization=True,
+        # Fused kernels exist only on GPU (TE/Apex/torch.compile'd); unfused math elsewhere.
+        masked_softmax_fusion=on_gpu,
+        bias_activation_fusion=on_gpu and not m.swiglu,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=on_gpu,
+    )
+
+
+def build_model(cfg: Config, platform: Platform, vocab_size: int) -> GPTModel:
+    """One model chunk for this rank's pipeline stage."""
+    config = transformer_config(cfg, platform)
+    if use_transformer_engine(cfg, platform):
+        spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(vocab_size, cfg.model.make_vocab_size_divisible_by,
+                                     cfg.parallel.tensor_model_parallel_size),
+        max_sequence_length=cfg.model.max_position_embeddings or cfg.model.seq_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
+        position_embedding_type=cfg.model.position_embedding_type,
+    )
+    return model.to(platform.device)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: Config, vocab_size: int) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward), Megatron-LM's formula for
+    dense GPT: 6 x parameters in matmuls plus attention's sequence-length term."""
+    m = cfg.model
+    h, layers, s = m.hidden_size, m.num_layers, m.seq_length
+    heads = m.num_attention_heads
+    groups = m.num_query_groups if m.group_query_attention and m.num_query_groups else heads
+    ffn_mult = 3 if m.swiglu else 2
+    attention_proj = 2 * h * h + 2 * h * h * groups / heads  # q, out; k, v with GQA
+    per_layer = attention_proj + ffn_mult * h * m.ffn_size
+    attention_scores = 2 * s * h  # QK^T and AV, per token, per layer
+    return 6.0 * (layers * (per_layer + attention_scores) + h * vocab_size)

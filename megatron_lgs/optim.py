@@ -1,0 +1,96 @@
+"""Data parallelism, optimizer and learning-rate schedule, all megatron-core's own.
+
+DDP owns the contiguous gradient buffers and their buckets; with `--use-distributed-optimizer`
+gradients are reduce-scattered and each data-parallel rank keeps only its shard of the fp32
+main weights and Adam moments (ZeRO-1/2).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron_lgs.arguments import Config, warmup_iters
+from megatron_lgs.model import params_dtype
+
+
+def wrap_ddp(cfg: Config, model: torch.nn.Module) -> DistributedDataParallel:
+    o = cfg.optim
+    ddp_config = DistributedDataParallelConfig(
+        # Megatron-LM accumulates and reduces half-precision grads in fp32 by default.
+        grad_reduce_in_fp32=cfg.precision.bf16 or cfg.precision.fp16,
+        overlap_grad_reduce=o.overlap_grad_reduce,
+        overlap_param_gather=o.overlap_param_gather,
+        use_distributed_optimizer=o.use_distributed_optimizer,
+        bucket_size=o.ddp_bucket_size,
+        check_for_nan_in_grad=True,
+    )
+    return DistributedDataParallel(model.config, ddp_config, model)
+
+
+def build_optimizer(cfg: Config, model: DistributedDataParallel) -> MegatronOptimizer:
+    o, p = cfg.optim, cfg.precision
+    config = MegatronOptimizerConfig(
+        optimizer=o.optimizer,
+        lr=o.lr,
+        min_lr=o.min_lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        sgd_momentum=o.sgd_momentum,
+        clip_grad=o.clip_grad,
+        bf16=p.bf16,
+        fp16=p.fp16,
+        params_dtype=params_dtype(cfg),
+        loss_scale=p.loss_scale,
+        initial_loss_scale=p.initial_loss_scale,
+        min_loss_scale=p.min_loss_scale,
+        loss_scale_window=p.loss_scale_window,
+        hysteresis=p.hysteresis,
+        use_distributed_optimizer=o.use_distributed_optimizer,
+        overlap_param_gather=o.overlap_param_gather,
+    )
+    return get_megatron_optimizer(config, [model])
+
+
+def build_scheduler(cfg: Config, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
+    """Megatron's scheduler, stepped once per iteration (Megatron steps it in samples; with a
+    fixed global batch the two are the same schedule)."""
+    o = cfg.optim
+    decay_iters = o.lr_decay_iters or cfg.training.train_iters
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if warmup_iters(cfg) else o.lr,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=warmup_iters(cfg),
+        lr_decay_steps=decay_iters,
+        lr_decay_style=o.lr_decay_style,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=decay_iters,
+        wd_incr_style="constant",
+        wsd_decay_steps=o.lr_wsd_decay_iters,
+        lr_wsd_decay_style=o.lr_wsd_decay_style,
+    )
+
+
+def attach_schedule_hooks(cfg: Config, model: DistributedDataParallel,
+                          optimizer: MegatronOptimizer) -> None:
+    """What megatron's forward_backward_func reads from the model config: loss scaling, the
+    no-sync context for all but the last micro-batch, and the end-of-backward grad reduction."""
+    config = model.config
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if cfg.optim.overlap_grad_reduce:
+        config.no_sync_func = model.no_sync
+    if cfg.optim.overlap_param_gather:
+        config.param_sync_func = model.start_param_sync

@@ -1,0 +1,238 @@
+"""Which device and collective backend this process uses, and what megatron-core needs to run here.
+
+On a machine with CUDA nothing is patched: NCCL, CUDA tensors, and Transformer Engine when it
+imports. Without CUDA, megatron-core 0.16.1 still calls CUDA APIs directly in a few dozen places;
+`install()` redirects exactly those, each patch listed in `CPU_PATCHES` with the reason, so the
+real megatron-core code (GPTModel, DDP, distributed optimizer, dist_checkpointing, schedules) runs
+on CPU with gloo. `tests/unit/test_platform.py` fails loudly if an upgrade moves what is patched.
+
+`install()` must run before anything imports megatron.core; `megatron_lgs/__init__.py` calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import sys
+import types
+from dataclasses import dataclass
+
+import torch
+
+MEGATRON_CORE_VERSION = "0.16.1"
+
+_TE_MODULE = "transformer_engine"
+
+
+@dataclass(frozen=True)
+class Platform:
+    device: torch.device
+    backend: str
+    te_available: bool
+    te_error: str | None  # why Transformer Engine is unusable, when it is
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+_PLATFORM: Platform | None = None
+
+
+def _probe_transformer_engine() -> str | None:
+    """Import TE once; return None when usable, else the reason. Never raises.
+
+    TE raises RuntimeError (not ImportError) when CUDA is missing, which megatron-core does not
+    catch; an empty leftover `transformer_engine` folder imports fine and makes megatron-core
+    believe TE is there. Either way the broken TE is hidden before megatron-core looks for it.
+    """
+    if importlib.util.find_spec(_TE_MODULE) is None:
+        return "transformer_engine is not installed"
+    try:
+        te_pytorch = importlib.import_module(f"{_TE_MODULE}.pytorch")
+        if not hasattr(te_pytorch, "Linear"):
+            raise ImportError("transformer_engine.pytorch has no Linear (incomplete install)")
+        if not torch.cuda.is_available():
+            raise RuntimeError("Transformer Engine needs CUDA, and CUDA is not available")
+    except Exception as exc:  # any failure means: do not let megatron-core use it
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        for name in [m for m in sys.modules if m == _TE_MODULE or m.startswith(_TE_MODULE + ".")]:
+            del sys.modules[name]
+        # A None entry makes every later `import transformer_engine` raise ImportError.
+        sys.modules[_TE_MODULE] = None  # type: ignore[assignment]
+        return reason
+    return None
+
+
+def get_platform() -> Platform:
+    """The platform of this process (probing and patching on first use)."""
+    install()
+    assert _PLATFORM is not None
+    return _PLATFORM
+
+
+def install() -> Platform:
+    """Probe the machine once; on CPU install the compatibility patches. Idempotent."""
+    global _PLATFORM
+    if _PLATFORM is not None:
+        return _PLATFORM
+    if "megatron.core" in sys.modules and not torch.cuda.is_available():
+        raise RuntimeError(
+            "megatron.core was imported before megatron_lgs.platform.install(); "
+            "import megatron_lgs first"
+        )
+    te_error = _probe_transformer_engine()
+    if torch.cuda.is_available():
+        _PLATFORM = Platform(torch.device("cuda"), "nccl", te_error is None, te_error)
+    else:
+        _install_cpu_patches()
+        _PLATFORM = Platform(torch.device("cpu"), "gloo", False, te_error)
+    return _PLATFORM
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU compatibility layer. Each entry: what is patched, and why megatron-core needs it.
+# --------------------------------------------------------------------------------------------
+
+CPU_PATCHES: dict[str, str] = {
+    "torch.cuda.current_device": "megatron allocates grad buffers, the global memory buffer and "
+    "collective scratch tensors on torch.cuda.current_device() (~100 places); return 'cpu'",
+    "torch.cuda.synchronize": "called around checkpoint saves and buffer frees; nothing to wait for",
+    "torch.cuda.Stream/Event/stream/current_stream/default_stream": "DDP's communication stream "
+    "and p2p/async-save events; on CPU every op is synchronous, so a stream is a no-op",
+    "torch.cuda.get_rng_state/set_rng_state/manual_seed": "the model-parallel RNG tracker forks "
+    "the CUDA generator; on CPU the device generator is torch's CPU generator, so dropout forks "
+    "work; data sampling therefore never uses torch's global generator",
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state": "same, for "
+    "megatron's own copies of the CUDA RNG accessors",
+    "torch.Tensor.cuda": "megatron calls .cuda() on tensors it already placed (optimizer state "
+    "save, checkpoint load); on CPU the tensor is already where it belongs",
+    "torch.Tensor.type": "the optimizers assert parameter type names 'torch.cuda.FloatTensor' / "
+    "'torch.cuda.BFloat16Tensor'; the no-argument form reports the CUDA name for CPU tensors",
+    "device='cuda' factories in megatron modules": "grad scaler, optimizer found-inf flags, "
+    "grad-norm clipping, schedules and the causal mask create scalars with device='cuda'; those modules see a "
+    "torch whose factory functions map a CUDA device to the CPU (see _CUDA_FACTORY_MODULES)",
+}
+
+# megatron-core modules whose source creates tensors with a hard-coded device="cuda".
+_CUDA_FACTORY_MODULES = (
+    "megatron.core.utils",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.rerun_state_machine",
+    "megatron.core.tensor_parallel.data",
+    "megatron.core.transformer.utils",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+)
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "empty_like", "full", "arange")
+
+
+class _NoOpStream:
+    """Stands in for torch.cuda.Stream and torch.cuda.Event: CPU work is already ordered."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def record_event(self, event: object = None) -> _NoOpStream:
+        return _NoOpStream()
+
+    def record(self, stream: object = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: object) -> float:
+        return 0.0
+
+
+def _is_cuda_device(device: object) -> bool:
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _cpu_factory(factory):
+    def make(*args, **kwargs):
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return factory(*args, **kwargs)
+
+    return make
+
+
+def _torch_with_cpu_factories() -> types.ModuleType:
+    """A view of `torch` whose tensor factories put device='cuda' tensors on the CPU."""
+    view = types.ModuleType("torch")
+    view.__dict__.update(torch.__dict__)
+    for name in _FACTORIES:
+        setattr(view, name, _cpu_factory(getattr(torch, name)))
+    return view
+
+
+def _cpu_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state: torch.Tensor, *args: object, **kwargs: object) -> None:
+    torch.set_rng_state(new_state)
+
+
+_real_tensor_type = torch.Tensor.type
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+def _tensor_type(self: torch.Tensor, dtype=None, non_blocking: bool = False, **kwargs):
+    if dtype is None and not kwargs:
+        name = _real_tensor_type(self)
+        return _CUDA_TYPE_NAMES.get(name, name)
+    return _real_tensor_type(self, dtype, non_blocking, **kwargs)
+
+
+def _install_cpu_patches() -> None:
+    cuda = torch.cuda
+    cuda.current_device = lambda: "cpu"
+    cuda.synchronize = lambda device=None: None
+    cuda.Stream = _NoOpStream
+    cuda.Event = _NoOpStream
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.current_stream = lambda device=None: _NoOpStream()
+    cuda.default_stream = lambda device=None: _NoOpStream()
+    cuda.get_rng_state = _cpu_rng_state
+    cuda.set_rng_state = _set_cpu_rng_state
+    cuda.manual_seed = torch.manual_seed
+    cuda.random.get_rng_state = _cpu_rng_state
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.Tensor.type = _tensor_type
+
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    random._get_cuda_rng_state = _cpu_rng_state
+    random._set_cuda_rng_state = _set_cpu_rng_state
+    # The tracker warns whenever the CPU generator moves inside a fork; on CPU the forked
+    # generator *is* the CPU generator, so every dropout would warn.
+    logging.getLogger(random.__name__).setLevel(logging.ERROR)
+
+    torch_view = _torch_with_cpu_factories()
+    for module_name in _CUDA_FACTORY_MODULES:
+        importlib.import_module(module_name).torch = torch_view

@@ -1,0 +1,44 @@
+"""The cross-cutting state of a run: what the loop advances and what a checkpoint restores."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from megatron_lgs.arguments import Config
+
+
+@dataclass
+class RunState:
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    skipped_iterations: int = 0
+    config_fingerprint: str = ""
+    data_fingerprint: str = ""
+    scheduler: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunState:
+        return cls(**json.loads(text))
+
+
+def config_fingerprint(cfg: Config) -> str:
+    """Hash of the settings that decide the numbers a step produces. A resume that changes
+    them is not a continuation of the same run (use --finetune to load the weights anyway).
+    Run length, logging and checkpoint paths are free to change."""
+    relevant = {
+        "model": cfg.model,
+        "precision": cfg.precision,
+        "optim": {k: v for k, v in asdict(cfg.optim).items()
+                  if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
+                               "ddp_bucket_size")},
+        "seed": cfg.training.seed,
+        "global_batch_size": cfg.training.global_batch_size,
+        "vocab_size": cfg.data.vocab_size,
+    }
+    text = json.dumps(relevant, sort_keys=True, default=lambda o: asdict(o))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
