@@ -79,7 +79,8 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _sharded_state_dict(model, optimizer: MegatronOptimizer | None, is_loading: bool) -> dict:
-    state = {"model": model.sharded_state_dict()}
+    # The unwrapped module's names, so checkpoints do not depend on the DDP wrapper.
+    state = {"model": model.module.sharded_state_dict()}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
@@ -147,7 +148,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     load_optim = not (cfg.no_load_optim or cfg.finetune)
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     loaded = dist_checkpointing.load(sharded, str(directory))
-    model.load_state_dict(loaded["model"])
+    model.module.load_state_dict(loaded["model"])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
     if cfg.finetune:

@@ -77,8 +77,9 @@ class Trainer:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * self.dp_size)
         self.flops_per_token = flops_per_token(cfg, self.datasets.vocab_size)
+        is_last_rank = dist.get_rank() == dist.get_world_size() - 1
         self.metrics_file = metrics.MetricsFile(
-            cfg.checkpoint.save and f"{cfg.checkpoint.save}/metrics.jsonl")
+            cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
 
         if cfg.checkpoint.load and checkpointing.load_checkpoint(
                 cfg.checkpoint, self.state, self.model, self.optimizer, self.scheduler):

@@ -1,6 +1,6 @@
 import dataclasses
-
 import pydoc_data.topics
+
 import pytest
 
 from data_pipeline import (

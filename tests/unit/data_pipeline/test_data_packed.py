@@ -1,3 +1,4 @@
+import itertools
 import random
 
 import numpy as np
@@ -28,7 +29,12 @@ def test_num_windows_drops_incomplete_tail():
 
 
 def test_sample_shapes_dtypes_and_shift():
-    ds = PackedDataset(np.random.default_rng(0).integers(0, 500, 777, dtype=np.int32), SEQ, 1, "x")
+    stream = np.random.default_rng(0).integers(0, 500, 777, dtype=np.int32)
+    ds = PackedDataset(stream, SEQ, 1, "x")
+    expected = sorted(
+        tuple(stream[k * SEQ : k * SEQ + SEQ + 1]) for k in range(len(ds))
+    )
+    seen = []
     for i in range(len(ds)):
         s = ds[i]
         assert s["tokens"].dtype == torch.int64 and s["tokens"].shape == (SEQ,)
@@ -36,8 +42,8 @@ def test_sample_shapes_dtypes_and_shift():
         assert s["loss_mask"].dtype == torch.float32 and torch.all(s["loss_mask"] == 1)
         assert torch.equal(s["position_ids"], torch.arange(SEQ))
         assert torch.equal(s["labels"][:-1], s["tokens"][1:])
-        start = int(np.flatnonzero(np.lib.stride_tricks.sliding_window_view(ds.tokens, SEQ + 1)[::SEQ].tolist().__class__ and True) or 0)
-        del start
+        seen.append(tuple(s["tokens"].tolist() + [int(s["labels"][-1])]))
+    assert sorted(seen) == expected
 
 
 def test_windows_tile_stream_overlapping_by_one_token():
@@ -48,7 +54,7 @@ def test_windows_tile_stream_overlapping_by_one_token():
         start = window_start(w)
         assert torch.equal(w["tokens"], torch.arange(start, start + SEQ))
         assert torch.equal(w["labels"], torch.arange(start + 1, start + SEQ + 1))
-    for prev, nxt in zip(windows, windows[1:]):
+    for prev, nxt in itertools.pairwise(windows):
         assert int(prev["labels"][-1]) == int(nxt["tokens"][0])
 
 
@@ -113,7 +119,9 @@ def test_samples_do_not_alias_stream():
     s = ds[0]
     s["tokens"].fill_(-1)
     s["labels"].fill_(-1)
-    assert torch.equal(ds[0]["tokens"], torch.arange(window_start(ds[0]), window_start(ds[0]) + SEQ))
+    assert torch.equal(
+        ds[0]["tokens"], torch.arange(window_start(ds[0]), window_start(ds[0]) + SEQ)
+    )
     assert ds.tokens.min() == 0
 
 
@@ -122,13 +130,22 @@ def test_fingerprint():
     assert arange_dataset().fingerprint == base
     assert arange_dataset(seed=8).fingerprint != base
     assert arange_dataset(name="valid").fingerprint != base
-    assert PackedDataset(np.arange(1000, dtype=np.int64), SEQ, 7, "train").fingerprint == base
-    assert PackedDataset(np.arange(1000, dtype=np.int32), SEQ + 1, 7, "train").fingerprint != base
+    assert (
+        PackedDataset(np.arange(1000, dtype=np.int64), SEQ, 7, "train").fingerprint
+        == base
+    )
+    assert (
+        PackedDataset(np.arange(1000, dtype=np.int32), SEQ + 1, 7, "train").fingerprint
+        != base
+    )
     changed = np.arange(1000, dtype=np.int32)
     changed[500] = 0
     assert PackedDataset(changed, SEQ, 7, "train").fingerprint != base
     assert arange_dataset(stream_id="k:train").fingerprint != base
-    assert arange_dataset(stream_id="k:train").fingerprint == arange_dataset(stream_id="k:train").fingerprint
+    assert (
+        arange_dataset(stream_id="k:train").fingerprint
+        == arange_dataset(stream_id="k:train").fingerprint
+    )
 
 
 def test_constructor_validation():
@@ -146,12 +163,18 @@ def test_collate_stacks_and_works_with_dataloader():
     ds = arange_dataset()
     batch = collate([ds[i] for i in range(4)])
     assert set(batch) == {"tokens", "labels", "loss_mask", "position_ids"}
-    assert batch["tokens"].shape == (4, SEQ) and batch["loss_mask"].dtype == torch.float32
+    assert (
+        batch["tokens"].shape == (4, SEQ) and batch["loss_mask"].dtype == torch.float32
+    )
     assert torch.equal(batch["labels"][2], ds[2]["labels"])
     indices = global_batch_indices(8, 8, 1, 2)
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=indices, collate_fn=collate)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, sampler=indices, collate_fn=collate
+    )
     (from_loader,) = list(loader)
-    assert torch.equal(from_loader["tokens"], collate([ds[i] for i in indices])["tokens"])
+    assert torch.equal(
+        from_loader["tokens"], collate([ds[i] for i in indices])["tokens"]
+    )
 
 
 def test_collate_rejects_bad_input():
