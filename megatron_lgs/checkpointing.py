@@ -24,6 +24,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+from megatron.core.utils import unwrap_model
 
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.run_state import RunState
@@ -79,8 +80,8 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _sharded_state_dict(model, optimizer: MegatronOptimizer | None, is_loading: bool) -> dict:
-    # The unwrapped module's names, so checkpoints do not depend on the DDP wrapper.
-    state = {"model": model.module.sharded_state_dict()}
+    # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers.
+    state = {"model": unwrap_model(model).sharded_state_dict()}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
@@ -148,7 +149,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     load_optim = not (cfg.no_load_optim or cfg.finetune)
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     loaded = dist_checkpointing.load(sharded, str(directory))
-    model.module.load_state_dict(loaded["model"])
+    unwrap_model(model).load_state_dict(loaded["model"])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
     if cfg.finetune:

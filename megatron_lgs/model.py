@@ -16,6 +16,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
 
 from megatron_lgs.arguments import Config
 from megatron_lgs.platform import Platform
@@ -75,8 +76,9 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
     )
 
 
-def build_model(cfg: Config, platform: Platform, vocab_size: int) -> GPTModel:
-    """One model chunk for this rank's pipeline stage."""
+def build_model(cfg: Config, platform: Platform, vocab_size: int) -> torch.nn.Module:
+    """One model chunk for this rank's pipeline stage; in BF16/FP16 wrapped, as Megatron-LM
+    does, in Float16Module, which casts inputs and outputs at the chunk's boundary."""
     config = transformer_config(cfg, platform)
     if use_transformer_engine(cfg, platform):
         spec = get_gpt_layer_with_transformer_engine_spec()
@@ -93,7 +95,10 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int) -> GPTModel:
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
     )
-    return model.to(platform.device)
+    model = model.to(platform.device)
+    if cfg.precision.bf16 or cfg.precision.fp16:
+        model = Float16Module(config, model)
+    return model
 
 
 def num_parameters(model: torch.nn.Module) -> int:

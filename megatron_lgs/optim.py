@@ -30,7 +30,9 @@ def wrap_ddp(cfg: Config, model: torch.nn.Module) -> DistributedDataParallel:
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.use_distributed_optimizer,
         bucket_size=o.ddp_bucket_size,
-        check_for_nan_in_grad=True,
+        # FP16 relies on overflowing (inf/NaN) grads reaching the optimizer, which skips the
+        # step and lowers the loss scale; elsewhere a NaN grad stops the run.
+        check_for_nan_in_grad=not cfg.precision.fp16,
     )
     return DistributedDataParallel(model.config, ddp_config, model)
 

@@ -89,6 +89,7 @@ def install() -> Platform:
     else:
         _install_cpu_patches()
         _PLATFORM = Platform(torch.device("cpu"), "gloo", False, te_error)
+    _install_torch_optimizer_fixes()
     return _PLATFORM
 
 
@@ -236,3 +237,62 @@ def _install_cpu_patches() -> None:
     torch_view = _torch_with_cpu_factories()
     for module_name in _CUDA_FACTORY_MODULES:
         importlib.import_module(module_name).torch = torch_view
+
+
+# --------------------------------------------------------------------------------------------
+# Fixes for megatron-core 0.16.1's distributed optimizer when it falls back to torch's AdamW
+# (neither Transformer Engine nor Apex importable: every CPU run, and GPU runs without TE).
+# These are megatron bugs, not CPU quirks; without them a resume is silently wrong.
+# --------------------------------------------------------------------------------------------
+
+TORCH_OPTIMIZER_FIXES: dict[str, str] = {
+    "DistributedOptimizer.state_dict before the first step": "reads 'step' from the inner "
+    "AdamW state, which torch creates lazily, and asserts on the empty state; loading a "
+    "checkpoint builds that state dict first. We create AdamW's zero state up front.",
+    "DistributedOptimizer.load_state_dict restores AdamW's 'step' wrongly": "it assigns one "
+    "shared tensor to every parameter (torch's AdamW increments it in place once per "
+    "parameter), and the dp_reshardable shard copy then overwrites it with 0, so after a "
+    "resume Adam's bias correction restarts. Each parameter gets its own tensor holding the "
+    "step saved in the optimizer's param groups.",
+    "DistributedOptimizer._set_main_param_and_optimizer_states outside no_grad": "copies the "
+    "loaded fp32 weights in place into the main parameters, which for fp32 models are views of "
+    "leaf parameters that require grad; autograd refuses. The copy runs under no_grad.",
+}
+
+
+def _init_adamw_state(optimizer: torch.optim.Optimizer) -> None:
+    """The state torch's AdamW creates on its first step, created now."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param not in optimizer.state or not optimizer.state[param]:
+                optimizer.state[param] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+                }
+
+
+def _install_torch_optimizer_fixes() -> None:
+    distrib_optimizer = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    cls = distrib_optimizer.DistributedOptimizer
+    original_state_dict, original_load_state_dict = cls.state_dict, cls.load_state_dict
+
+    def state_dict(self):
+        if isinstance(self.optimizer, torch.optim.Adam) and not self.optimizer.state:
+            _init_adamw_state(self.optimizer)
+        return original_state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        original_load_state_dict(self, state_dict)
+        if not isinstance(self.optimizer, torch.optim.Adam):
+            return
+        (step,) = {group["step"] for group in state_dict["optimizer"]["param_groups"]}
+        for param_state in self.optimizer.state.values():
+            param_state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    cls.state_dict = state_dict
+    cls.load_state_dict = load_state_dict
+    cls._set_main_param_and_optimizer_states = torch.no_grad()(
+        cls._set_main_param_and_optimizer_states)
