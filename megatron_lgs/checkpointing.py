@@ -12,7 +12,6 @@ then does the tracker file move (atomically) to N. Our own files are JSON and te
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -34,12 +33,13 @@ RUN_STATE_FILE = "run_state.json"
 # dp_reshardable: each rank writes its own optimizer shard, no gather. (megatron-core 0.16.1's
 # fully_reshardable format corrupts parameters when there is more than one bucket.)
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
-# Test hook: SIGKILL this process at a named point of a save, to prove crash safety.
+# Test hook, "POINT@ITERATION": SIGKILL this process at a named point of that iteration's save,
+# to prove that a crash at that moment leaves a loadable checkpoint.
 FAULT_ENV = "MEGATRON_LGS_FAULT"
 
 
-def _fault_point(name: str) -> None:
-    if os.environ.get(FAULT_ENV) == name:
+def _fault_point(name: str, iteration: int) -> None:
+    if os.environ.get(FAULT_ENV) == f"{name}@{iteration}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -115,7 +115,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     dist_checkpointing.save(sharded, str(partial))
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank_{rank:05d}.pt")
-    _fault_point("save:after_shards")
+    _fault_point("save:after_shards", state.iteration)
     dist.barrier()
 
     if rank == 0:
@@ -125,6 +125,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         os.replace(partial, final)
         _write_atomic(Path(cfg.save) / TRACKER_FILE, str(state.iteration))
     dist.barrier()
+    _fault_point("save:after_commit", state.iteration)
     return final
 
 
@@ -166,10 +167,3 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                               f"use --no-load-rng to continue with fresh RNG streams")
         _set_rng_state(torch.load(rng_file, weights_only=True))
     return True
-
-
-def describe(directory: Path) -> str:
-    """One line for the log: what a checkpoint directory holds."""
-    saved = json.loads((directory / RUN_STATE_FILE).read_text())
-    return (f"iteration {saved['iteration']}, consumed samples "
-            f"{saved['consumed_train_samples']}")

@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.rerun_state_machine import RerunMode, initialize_rerun_state_machine
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from megatron_lgs.arguments import Config, ConfigError
@@ -56,6 +57,7 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
             backend=platform.backend, rank=rank, world_size=world,
             timeout=timedelta(minutes=10),
         )
+    initialize_rerun_state_machine(mode=RerunMode.DISABLED)
     par = cfg.parallel
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tensor_model_parallel_size,

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,10 @@ def install() -> Platform:
             "import megatron_lgs first"
         )
     te_error = _probe_transformer_engine()
+    # megatron-core warns at import, module by module, that TE/Apex are missing; the trainer's
+    # start-up line states it once. Its own default cuda_graph_scope trips its own deprecation.
+    warnings.filterwarnings("ignore", message=r".*(not installed|Falling back)", module="megatron")
+    warnings.filterwarnings("ignore", message="full scope is deprecated", module="megatron")
     if torch.cuda.is_available():
         _PLATFORM = Platform(torch.device("cuda"), "nccl", te_error is None, te_error)
     else:
@@ -100,7 +105,8 @@ def install() -> Platform:
 CPU_PATCHES: dict[str, str] = {
     "torch.cuda.current_device": "megatron allocates grad buffers, the global memory buffer and "
     "collective scratch tensors on torch.cuda.current_device() (~100 places); return 'cpu'",
-    "torch.cuda.synchronize": "called around checkpoint saves and buffer frees; nothing to wait for",
+    "torch.cuda.synchronize": "called around checkpoint saves and buffer frees; nothing to wait "
+    "for",
     "torch.cuda.Stream/Event/stream/current_stream/default_stream": "DDP's communication stream "
     "and p2p/async-save events; on CPU every op is synchronous, so a stream is a no-op",
     "torch.cuda.get_rng_state/set_rng_state/manual_seed": "the model-parallel RNG tracker forks "
@@ -113,8 +119,8 @@ CPU_PATCHES: dict[str, str] = {
     "torch.Tensor.type": "the optimizers assert parameter type names 'torch.cuda.FloatTensor' / "
     "'torch.cuda.BFloat16Tensor'; the no-argument form reports the CUDA name for CPU tensors",
     "device='cuda' factories in megatron modules": "grad scaler, optimizer found-inf flags, "
-    "grad-norm clipping, schedules and the causal mask create scalars with device='cuda'; those modules see a "
-    "torch whose factory functions map a CUDA device to the CPU (see _CUDA_FACTORY_MODULES)",
+    "grad-norm clipping, schedules and the causal mask create tensors with device='cuda'; those "
+    "modules see a torch whose factories map a CUDA device to the CPU (_CUDA_FACTORY_MODULES)",
 }
 
 # megatron-core modules whose source creates tensors with a hard-coded device="cuda".

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron_lgs import checkpointing, data, initialize, metrics
+from megatron_lgs import checkpointing, data, initialize, memory, metrics
 from megatron_lgs.arguments import Config, ConfigError, fail
 from megatron_lgs.model import flops_per_token, num_parameters
 from megatron_lgs.optim import attach_schedule_hooks, build_optimizer, build_scheduler, wrap_ddp
@@ -152,12 +152,15 @@ class Trainer:
             self.evaluate()
         interval = metrics.IntervalStats()
         saved_at = None
+        first_iteration = s.iteration + 1
         while s.iteration < t.train_iters:
             loss, grad_norm, ok = self.train_step(batches)
             s.iteration += 1
             s.consumed_train_samples += t.global_batch_size
             s.skipped_iterations += 0 if ok else 1
             interval.add(loss)
+            if s.iteration == first_iteration:  # optimizer state exists only after a step
+                self._log_memory()
             lr = self.optimizer.param_groups[0]["lr"]
             self.metrics_file.write(event="train", iteration=s.iteration, loss=loss, lr=lr,
                                     grad_norm=grad_norm, skipped=not ok)
@@ -179,6 +182,12 @@ class Trainer:
             self.save()
         self.metrics_file.close()
         return s
+
+    def _log_memory(self) -> None:
+        per_rank = memory.gather_memory(self.model, self.optimizer)
+        print_rank_last(memory.memory_log_line(per_rank))
+        self.metrics_file.write(event="memory", iteration=self.state.iteration,
+                                per_rank=per_rank)
 
     def _log_interval(self, interval: metrics.IntervalStats, grad_norm: float | None,
                       lr: float) -> None:

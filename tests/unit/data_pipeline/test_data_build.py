@@ -46,7 +46,7 @@ def built(tmp_path_factory):
 def split_on_eod(stream, eod):
     ends = np.flatnonzero(np.asarray(stream) == eod)
     starts = np.concatenate([[0], ends[:-1] + 1])
-    return [np.asarray(stream[s:e]) for s, e in zip(starts, ends)]
+    return [np.asarray(stream[s:e]) for s, e in zip(starts, ends, strict=True)]
 
 
 def test_streams_and_tokenizer(built, corpus):
