@@ -33,14 +33,15 @@ RUN_STATE_FILE = "run_state.json"
 # dp_reshardable: each rank writes its own optimizer shard, no gather. (megatron-core 0.16.1's
 # fully_reshardable format corrupts parameters when there is more than one bucket.)
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
-# Test hook, "POINT@ITERATION": SIGKILL this process at a named point of that iteration's save,
-# to prove that a crash at that moment leaves a loadable checkpoint.
+# Test hook, "POINT@ITERATION": SIGKILL this process group (the launcher, every rank and their
+# helper processes, like a node going down) at a named point of that iteration's save, to prove
+# that a crash at that moment leaves a loadable checkpoint. Tests start the run in its own group.
 FAULT_ENV = "MEGATRON_LGS_FAULT"
 
 
 def _fault_point(name: str, iteration: int) -> None:
     if os.environ.get(FAULT_ENV) == f"{name}@{iteration}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def checkpoint_dir(root: str, iteration: int) -> Path:

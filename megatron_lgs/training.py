@@ -163,7 +163,8 @@ class Trainer:
                 self._log_memory()
             lr = self.optimizer.param_groups[0]["lr"]
             self.metrics_file.write(event="train", iteration=s.iteration, loss=loss, lr=lr,
-                                    grad_norm=grad_norm, skipped=not ok)
+                                    grad_norm=grad_norm, skipped=not ok,
+                                    loss_scale=self.optimizer.get_loss_scale().item())
 
             if s.iteration % t.log_interval == 0:
                 self._log_interval(interval, grad_norm, lr)

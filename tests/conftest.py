@@ -1,0 +1,83 @@
+"""Shared helpers: run the real entry point (one process, or several under torchrun with gloo)
+and read back what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model small enough that a step takes milliseconds, still a real megatron-core GPT.
+TINY_GPT = [
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "8",
+    "--vocab-size", "512", "--lr", "2e-3", "--min-lr", "2e-4",
+    "--eval-interval", "1000", "--eval-iters", "1", "--log-interval", "5",
+]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    save_dir: Path | None
+
+    def records(self, event: str) -> list[dict]:
+        assert self.save_dir is not None, "metrics are written next to the checkpoints"
+        path = self.save_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [r for r in map(json.loads, lines) if r["event"] == event]
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records("train")]
+
+
+def _base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    # Same thread count whatever the launcher, so runs that must agree bitwise do.
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = None,
+                 env: dict[str, str] | None = None, timeout: float = 600,
+                 expect_success: bool = True) -> Run:
+    """Run pretrain_gpt.py as a user would: `python` for one process, torchrun for several."""
+    if nproc == 1:
+        launcher = [sys.executable]
+    else:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={nproc}"]
+    save_args = ["--save", str(save_dir)] if save_dir else ["--no-save"]
+    full_env = _base_env()
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [*launcher, str(REPO / "pretrain_gpt.py"), *args, *save_args],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        start_new_session=True)  # its own process group: fault injection kills the group
+    run = Run(proc.returncode, proc.stdout, proc.stderr, save_dir)
+    if expect_success and proc.returncode != 0:
+        raise AssertionError(f"pretrain_gpt.py failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return run
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One tokenized corpus for the whole session (the cache is safe to share)."""
+    return str(tmp_path_factory.mktemp("data-cache"))
+
+
+@pytest.fixture
+def tiny(data_cache: str) -> list[str]:
+    return [*TINY_GPT, "--data-cache-dir", data_cache]

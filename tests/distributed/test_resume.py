@@ -1,0 +1,64 @@
+"""Resume is bit-exact, even when the process dies (SIGKILL) right after a save or in the
+middle of one."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_lgs.checkpointing import FAULT_ENV
+from tests.conftest import TINY_GPT, run_pretrain
+
+pytestmark = pytest.mark.slow
+
+# Dropout on, so the RNG state of every rank must come back too.
+RUN = ["--train-iters", "20", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
+LAYOUTS = {"dp1": (1, []), "dp2-zero1": (2, ["--use-distributed-optimizer"])}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, data_cache) -> dict[str, list[float]]:
+    losses = {}
+    for name, (nproc, extra) in LAYOUTS.items():
+        save = tmp_path_factory.mktemp(f"straight-{name}")
+        losses[name] = run_pretrain([*TINY_GPT, "--data-cache-dir", data_cache, *RUN, *extra],
+                                    nproc=nproc, save_dir=save).losses()
+        assert len(losses[name]) == 20
+    return losses
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_killed_after_save_then_resumed_is_bitwise_identical(straight, tiny, tmp_path, layout):
+    nproc, extra = LAYOUTS[layout]
+    save = tmp_path / "ckpt"
+    args = [*tiny, *RUN, *extra, "--save-interval", "10"]
+    killed = run_pretrain(args, nproc=nproc, save_dir=save, expect_success=False,
+                          env={FAULT_ENV: "save:after_commit@10"})
+    assert killed.returncode != 0  # SIGKILLed after the iteration-10 save completed
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "10"
+    resumed = run_pretrain([*args, "--load", str(save)], nproc=nproc, save_dir=save)
+    assert "loaded checkpoint" in resumed.stdout and "at iteration 10" in resumed.stdout
+    assert resumed.losses() == straight[layout]  # bitwise: floats compared with ==
+
+
+def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_loadable(straight, tiny,
+                                                                         tmp_path):
+    save = tmp_path / "ckpt"
+    args = [*tiny, *RUN, "--save-interval", "5"]
+    killed = run_pretrain(args, save_dir=save, expect_success=False,
+                          env={FAULT_ENV: "save:after_shards@10"})
+    assert killed.returncode != 0
+    assert (save / "iter_0000010.partial").is_dir() and not (save / "iter_0000010").exists()
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "5"
+    resumed = run_pretrain([*args, "--load", str(save)], save_dir=save)
+    assert "at iteration 5" in resumed.stdout
+    assert resumed.losses()[-15:] == straight["dp1"][-15:]
+    assert (save / "iter_0000010").is_dir() and not (save / "iter_0000010.partial").exists()
+
+
+def test_a_different_model_refuses_the_checkpoint_in_one_line(tiny, tmp_path):
+    save = tmp_path / "ckpt"
+    run_pretrain([*tiny, "--train-iters", "2"], save_dir=save)
+    refused = run_pretrain([*tiny, "--train-iters", "4", "--num-layers", "3", "--load",
+                            str(save)], save_dir=save, expect_success=False)
+    assert refused.returncode == 2
+    assert "config fingerprint" in refused.stderr and "--finetune" in refused.stderr

@@ -1,0 +1,87 @@
+"""Flags: Megatron-LM spellings into typed configs; bad combinations are one line, exit 2,
+before any process group exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from megatron_lgs.arguments import ConfigError, parse_args, validate
+from tests.conftest import REPO, _base_env
+
+
+def test_defaults_are_the_embedded_tiny_run():
+    cfg = parse_args([], world_size=1)
+    assert cfg.model.num_layers == 4 and cfg.model.hidden_size == 128
+    assert cfg.parallel.data_parallel_size == 1
+    assert cfg.precision.name == "fp32"
+    assert cfg.checkpoint.save  # the main job writes a checkpoint by default
+
+
+def test_megatron_flag_names_reach_their_dataclasses():
+    cfg = parse_args([
+        "--num-layers", "6", "--hidden-size", "96", "--num-attention-heads", "6",
+        "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+        "--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--bf16", "--clip-grad", "0.5",
+        "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "10", "--disable-bias-linear",
+        "--global-batch-size", "32", "--micro-batch-size", "2", "--exit-interval", "7",
+    ], world_size=4)
+    assert cfg.model.num_layers == 6 and not cfg.model.add_bias_linear
+    assert cfg.parallel.tensor_model_parallel_size == 2 and cfg.parallel.data_parallel_size == 2
+    assert cfg.optim.use_distributed_optimizer and cfg.optim.overlap_grad_reduce
+    assert cfg.optim.ddp_bucket_size == 1000 and cfg.optim.clip_grad == 0.5
+    assert cfg.precision.bf16 and cfg.training.exit_interval == 7
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--num-attention-heads", "3", "--hidden-size", "96", "--tensor-model-parallel-size", "2"],
+     2, "divisible by --tensor-model-parallel-size"),
+    (["--tensor-model-parallel-size", "2"], 3, "world size (3) must be divisible by TP x PP"),
+    (["--global-batch-size", "10", "--micro-batch-size", "4"], 1, "--global-batch-size (10)"),
+    (["--global-batch-size", "8", "--micro-batch-size", "4"], 4, "data-parallel size"),
+    (["--bf16", "--fp16"], 1, "mutually exclusive"),
+    (["--lr-warmup-iters", "500", "--train-iters", "100"], 1, "warmup"),
+    (["--lr-decay-style", "WSD"], 1, "--lr-wsd-decay-iters"),
+    (["--sequence-parallel"], 1, "--sequence-parallel needs"),
+])
+def test_bad_combinations_are_rejected(argv, world, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv, world_size=world)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_validate_raises_config_error_for_callers_that_build_configs():
+    cfg = parse_args([], world_size=1)
+    broken = type(cfg)(model=type(cfg.model)(num_attention_heads=5), parallel=cfg.parallel)
+    with pytest.raises(ConfigError, match="--hidden-size"):
+        validate(broken)
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--num-attention-heads", "3", "--tensor-model-parallel-size", "2"], {},
+     "must be divisible by --tensor-model-parallel-size"),
+    (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+     {"WORLD_SIZE": "6", "RANK": "0"}, "world size (6) must be divisible"),
+    (["--global-batch-size", "12", "--micro-batch-size", "8"], {},
+     "--global-batch-size (12) must be divisible"),
+    (["--fp8-format", "e5m9"], {}, "invalid choice: 'e5m9'"),
+    (["--fp8-format", "e4m3"], {}, "needs Transformer Engine"),
+    (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+])
+def test_entry_point_fails_in_one_line_before_any_process_group(argv, env, message):
+    # WORLD_SIZE without MASTER_ADDR: had the script tried to start a process group, it would
+    # have failed with a different, multi-line error (or hung until the timeout).
+    full_env = {**_base_env(), **env}
+    full_env.pop("MASTER_ADDR", None)
+    proc = subprocess.run([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("pretrain_gpt.py: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
