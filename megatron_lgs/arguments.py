@@ -108,7 +108,7 @@ class OptimizerConfig:
 class TrainingConfig:
     micro_batch_size: int = 8
     global_batch_size: int = 16
-    train_iters: int = 300
+    train_iters: int = 400
     seed: int = 1234
     eval_interval: int = 50
     eval_iters: int = 4
