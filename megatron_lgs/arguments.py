@@ -344,6 +344,8 @@ def validate(cfg: Config) -> None:
                           f"({decay_iters} iterations)")
     if o.lr_decay_style == "WSD" and o.lr_wsd_decay_iters is None:
         raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
+    if t.eval_iters < 0:
+        raise ConfigError(f"--eval-iters must be at least 0, got {t.eval_iters}")
     if t.exit_interval is not None and t.exit_interval < 1:
         raise ConfigError(f"--exit-interval must be at least 1, got {t.exit_interval}")
     if cfg.checkpoint.save_interval is not None and cfg.checkpoint.save_interval < 1:

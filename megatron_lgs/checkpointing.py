@@ -6,13 +6,19 @@ Layout (Megatron-LM's names):
     SAVE/latest_checkpointed_iteration.txt
 
 A save goes to `iter_N.partial/`, is renamed to `iter_N/` once every rank has finished, and only
-then does the tracker file move (atomically) to N. Our own files are JSON and tensor-only
-`torch.save` files loaded with `weights_only=True`; nothing is unpickled beyond that.
+then does the tracker file move (atomically) to N.
+
+Loading never unpickles arbitrary objects: our own files are JSON and tensor-only files read with
+`weights_only=True`; megatron's `common.pt` and torch's `.distcp` shards are read weights-only by
+torch; the one plain pickle, torch.distributed.checkpoint's `.metadata`, is first replayed by an
+unpickler that admits only the checkpoint-metadata classes, so a tampered file is refused before
+torch loads it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 from pathlib import Path
@@ -61,6 +67,33 @@ def latest_iteration(root: str) -> int | None:
         raise ConfigError(f"{tracker} names iteration {iteration}, but "
                           f"{checkpoint_dir(root, iteration)} is missing")
     return iteration
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits what torch.distributed.checkpoint writes into `.metadata`, nothing else."""
+
+    def find_class(self, module: str, name: str) -> object:
+        allowed = (
+            module.startswith("torch.distributed.checkpoint.")
+            or (module == "torch" and (name == "Size"
+                                       or isinstance(getattr(torch, name, None), torch.dtype)))
+            or (module == "torch.serialization" and name == "_get_layout")
+            or (module == "collections" and name == "OrderedDict")
+            or (module == "pathlib" and name in ("PosixPath", "PurePosixPath"))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def check_metadata(directory: Path) -> None:
+    """Refuse a checkpoint whose pickled metadata references anything but metadata classes."""
+    path = directory / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+        raise ConfigError(f"refusing to load {path}: {exc}") from None
 
 
 def _rng_state() -> dict[str, object]:
@@ -148,6 +181,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
                     f"seed, batch or data settings changed. Use --finetune to load only weights")
 
+    check_metadata(directory)
     load_optim = not (cfg.no_load_optim or cfg.finetune)
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     loaded = dist_checkpointing.load(sharded, str(directory))

@@ -37,11 +37,22 @@ def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
                        num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
     if num_workers == 0:
         return (collate([dataset[i] for i in indices]) for indices in sampler)
+    # Samples need no worker seeds; a private generator keeps the DataLoader from drawing its
+    # base seed from torch's global generator, which on CPU is also the dropout stream.
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                        collate_fn=collate, persistent_workers=True)
+                        collate_fn=collate, persistent_workers=True,
+                        generator=torch.Generator().manual_seed(0))
     return iter(loader)
 
 
+def eval_micro_batches(eval_iters: int, global_batch_size: int, micro_batch_size: int,
+                       dp_rank: int, dp_size: int) -> list[list[int]]:
+    """This rank's micro-batches of the first `eval_iters` global batches."""
+    mine = [i for k in range(eval_iters)
+            for i in global_batch_indices(k * global_batch_size, global_batch_size, dp_rank,
+                                          dp_size)]
+    return [mine[k:k + micro_batch_size] for k in range(0, len(mine), micro_batch_size)]
+
+
 def fixed_batches(dataset: Dataset, batches: Sequence[list[int]]) -> Iterator[dict]:
-    """The same micro-batches every time: validation compares like with like."""
     return (collate([dataset[i] for i in indices]) for indices in batches)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,15 +24,16 @@ def gpu_peak_tflops() -> float | None:
 
 @dataclass
 class IntervalStats:
-    """Accumulates between two log lines."""
+    """Accumulates between two log lines; time counts training steps only (not eval, saves)."""
 
     iterations: int = 0
     loss_sum: float = 0.0
     nan_iterations: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    step_seconds: float = 0.0
 
-    def add(self, loss: float) -> None:
+    def add(self, loss: float, step_seconds: float) -> None:
         self.iterations += 1
+        self.step_seconds += step_seconds
         if math.isfinite(loss):
             self.loss_sum += loss
         else:

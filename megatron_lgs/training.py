@@ -113,16 +113,13 @@ class Trainer:
             self.scheduler.step(increment=1)
         return _reduce_loss(losses), grad_norm, update_successful
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> float | None:
+        """The same validation batches every time, so evaluations compare like with like."""
         t = self.cfg.training
-        per_rank = t.global_batch_size // self.dp_size
-        batches = [
-            data.global_batch_indices(k * t.global_batch_size, t.global_batch_size,
-                                      self.dp_rank, self.dp_size)
-            for k in range(t.eval_iters)
-        ]
-        micro = [b[i:i + t.micro_batch_size] for b in batches
-                 for i in range(0, per_rank, t.micro_batch_size)]
+        if t.eval_iters == 0:
+            return None
+        micro = data.eval_micro_batches(t.eval_iters, t.global_batch_size, t.micro_batch_size,
+                                        self.dp_rank, self.dp_size)
         self.model.eval()
         with torch.no_grad():
             losses = self.forward_backward(
@@ -151,14 +148,14 @@ class Trainer:
         if s.iteration == 0:
             self.evaluate()
         interval = metrics.IntervalStats()
-        saved_at = None
         first_iteration = s.iteration + 1
         while s.iteration < t.train_iters:
+            started = time.perf_counter()
             loss, grad_norm, ok = self.train_step(batches)
             s.iteration += 1
             s.consumed_train_samples += t.global_batch_size
             s.skipped_iterations += 0 if ok else 1
-            interval.add(loss)
+            interval.add(loss, time.perf_counter() - started)
             if s.iteration == first_iteration:  # optimizer state exists only after a step
                 self._log_memory()
             lr = self.optimizer.param_groups[0]["lr"]
@@ -175,12 +172,9 @@ class Trainer:
             exit_now = t.exit_interval and s.iteration % t.exit_interval == 0
             if c.checkpoint.save and (save_now or exit_now or s.iteration == t.train_iters):
                 self.save()
-                saved_at = s.iteration
             if exit_now:
                 print_rank_last(f" exiting after iteration {s.iteration} (--exit-interval)")
                 break
-        if c.checkpoint.save and saved_at != s.iteration:
-            self.save()
         self.metrics_file.close()
         return s
 
@@ -193,8 +187,7 @@ class Trainer:
     def _log_interval(self, interval: metrics.IntervalStats, grad_norm: float | None,
                       lr: float) -> None:
         t, s = self.cfg.training, self.state
-        elapsed = time.perf_counter() - interval.started
-        seconds_per_iteration = elapsed / interval.iterations
+        seconds_per_iteration = interval.step_seconds / interval.iterations
         tokens_per_second = t.global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
         tflops = tokens_per_second * self.flops_per_token / 1e12 / self.cfg.parallel.world_size
         peak = metrics.gpu_peak_tflops()

@@ -30,6 +30,13 @@ def test_same_seed_same_losses_bit_for_bit(tiny, tmp_path):
     assert first != other_seed
 
 
+def test_loader_workers_do_not_change_a_single_bit(tiny, tmp_path):
+    args = [*tiny, "--train-iters", "6", "--hidden-dropout", "0.1"]
+    inline = run_pretrain(args, save_dir=tmp_path / "a").losses()
+    workers = run_pretrain([*args, "--num-workers", "2"], save_dir=tmp_path / "b").losses()
+    assert inline == workers
+
+
 def test_fp16_dynamic_loss_scaling_skips_overflows_then_trains(tiny, tmp_path):
     initial, window = 2.0**24, 4
     run = run_pretrain([*tiny, "--fp16", "--train-iters", "24", "--initial-loss-scale",
