@@ -14,7 +14,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from megatron_lgs.arguments import Config, parse_args
+from megatron_lgs.arguments import Config, ConfigError, parse_args
 from megatron_lgs.model import build_model
 from megatron_lgs.platform import Platform
 from megatron_lgs.training import Datasets, pretrain
@@ -48,10 +48,15 @@ def datasets_provider(cfg: Config) -> Datasets:
 
     data_cfg = DataConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed,
                           vocab_size=cfg.data.vocab_size, cache_dir=cfg.data.data_cache_dir)
-    if dist.get_rank() == 0:
-        build_embedded_datasets(data_cfg)
-    dist.barrier()
-    train, valid, tokenizer = build_embedded_datasets(data_cfg)
+    try:
+        try:
+            if dist.get_rank() == 0:
+                build_embedded_datasets(data_cfg)
+        finally:  # the others must not wait forever for a rank 0 that failed
+            dist.barrier()
+        train, valid, tokenizer = build_embedded_datasets(data_cfg)
+    except ValueError as exc:  # e.g. a sequence longer than the validation split
+        raise ConfigError(f"embedded data: {exc}") from None
     return Datasets(train=train, valid=valid, vocab_size=tokenizer.get_vocab_size(),
                     fingerprint=f"{train.fingerprint}/{valid.fingerprint}")
 

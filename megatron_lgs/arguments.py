@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
+from data_pipeline.tokenizer import MIN_VOCAB_SIZE
+
 
 class ConfigError(ValueError):
     """A flag combination that cannot run; the message is one line, addressed to the user."""
@@ -296,6 +298,11 @@ def validate(cfg: Config) -> None:
     for flag, value in positive.items():
         if value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if cfg.data.vocab_size < MIN_VOCAB_SIZE:
+        raise ConfigError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (256 byte tokens and "
+                          f"the end-of-document token), got {cfg.data.vocab_size}")
+    if t.seed < 0:
+        raise ConfigError(f"--seed must be non-negative, got {t.seed}")
     tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, \
         par.context_parallel_size
     if m.num_attention_heads % tp:
