@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
 from data_pipeline.tokenizer import MIN_VOCAB_SIZE
+from megatron_lgs.stability import StabilityConfig
 
 
 class ConfigError(ValueError):
@@ -115,6 +116,9 @@ class TrainingConfig:
     eval_interval: int = 50
     eval_iters: int = 4
     exit_interval: int | None = None
+    exit_duration_in_mins: float | None = None
+    exit_signal_handler: bool = False
+    iterations_to_skip: tuple[int, ...] = ()
     log_interval: int = 10
 
 
@@ -128,6 +132,14 @@ class CheckpointConfig:
     no_load_optim: bool = False
     no_load_rng: bool = False
     finetune: bool = False
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard_dir: str | None = None
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    wandb_save_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,8 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataArgs = field(default_factory=DataArgs)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m, par, pr, o, t, c, d = (ModelConfig(), ParallelConfig(), PrecisionConfig(),
                               OptimizerConfig(), TrainingConfig(), CheckpointConfig(), DataArgs())
+    st, lg = StabilityConfig(), LoggingConfig()
 
     g = p.add_argument_group("model")
     _add(g, "--num-layers", m.num_layers)
@@ -245,7 +260,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--eval-interval", t.eval_interval)
     _add(g, "--eval-iters", t.eval_iters)
     _add(g, "--exit-interval", t.exit_interval, type=int)
+    _add(g, "--exit-duration-in-mins", t.exit_duration_in_mins, type=float)
+    _add(g, "--exit-signal-handler", t.exit_signal_handler,
+         help="on SIGTERM or SIGUSR1: save a checkpoint at the end of the step and exit 0")
+    g.add_argument("--iterations-to-skip", type=int, nargs="+", default=[],
+                   help="iterations whose batches are consumed without an update")
     _add(g, "--log-interval", t.log_interval)
+
+    g = p.add_argument_group("stability")
+    _add(g, "--loss-spike-action", st.spike_action, choices=["log", "skip", "rollback"],
+         dest="spike_action")
+    _add(g, "--loss-spike-window", st.spike_window, dest="spike_window")
+    _add(g, "--loss-spike-zscore", st.spike_zscore, dest="spike_zscore")
+    _add(g, "--grad-norm-spike-factor", st.grad_norm_spike_factor)
+    _add(g, "--inject-nan-at", st.inject_nan_at, type=int, help="test hook: NaN loss here")
+    _add(g, "--inject-spike-at", st.inject_spike_at, type=int,
+         help="test hook: this iteration's per-token losses x --inject-spike-scale")
+    _add(g, "--inject-spike-scale", st.inject_spike_scale)
+
+    g = p.add_argument_group("logging")
+    _add(g, "--tensorboard-dir", lg.tensorboard_dir, type=str)
+    _add(g, "--wandb-project", lg.wandb_project, type=str, help="W&B, offline mode only")
+    _add(g, "--wandb-exp-name", lg.wandb_exp_name, type=str)
+    _add(g, "--wandb-save-dir", lg.wandb_save_dir, type=str)
 
     g = p.add_argument_group("checkpointing")
     _add(g, "--save", c.save, type=str)
@@ -357,6 +394,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--exit-interval must be at least 1, got {t.exit_interval}")
     if cfg.checkpoint.save_interval is not None and cfg.checkpoint.save_interval < 1:
         raise ConfigError(f"--save-interval must be at least 1, got {cfg.checkpoint.save_interval}")
+    st = cfg.stability
+    if st.spike_window < 2 or st.spike_zscore <= 0 or st.grad_norm_spike_factor <= 1:
+        raise ConfigError("--loss-spike-window must be >= 2, --loss-spike-zscore > 0 and "
+                          "--grad-norm-spike-factor > 1")
+    if st.spike_action == "rollback" and not cfg.checkpoint.save:
+        raise ConfigError("--loss-spike-action rollback needs --save (it reloads the last "
+                          "checkpoint written there)")
+    if t.exit_duration_in_mins is not None and t.exit_duration_in_mins <= 0:
+        raise ConfigError(f"--exit-duration-in-mins must be positive, got "
+                          f"{t.exit_duration_in_mins}")
     if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
 
@@ -374,9 +421,11 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
         parallel=_pick(ParallelConfig, ns, world_size=world_size),
         precision=_pick(PrecisionConfig, ns),
         optim=_pick(OptimizerConfig, ns),
-        training=_pick(TrainingConfig, ns),
+        training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip)),
         checkpoint=_pick(CheckpointConfig, ns),
         data=_pick(DataArgs, ns),
+        stability=_pick(StabilityConfig, ns),
+        logging=_pick(LoggingConfig, ns),
     )
 
 

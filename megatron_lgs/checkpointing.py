@@ -191,10 +191,13 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     if cfg.finetune:
         return True
 
+    # megatron's scheduler load *advances* by the saved step count from wherever it is; from a
+    # trained-on scheduler (a rollback) that would overshoot, so start it from zero.
+    scheduler.num_steps = 0
     scheduler.load_state_dict(saved.scheduler)
-    state.iteration = saved.iteration
-    state.consumed_train_samples = saved.consumed_train_samples
-    state.skipped_iterations = saved.skipped_iterations
+    for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
+                 "iterations_to_skip", "stability"):
+        setattr(state, name, getattr(saved, name))
     if not cfg.no_load_rng:
         rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"
         if not rng_file.is_file():

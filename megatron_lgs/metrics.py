@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from megatron_lgs.arguments import LoggingConfig
 
 # Dense BF16 peak TFLOP/s per GPU, from the vendors' spec sheets; MFU is printed only for these.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -72,6 +75,61 @@ def validation_log_line(iteration: int, loss: float) -> str:
     ppl = math.exp(min(20.0, loss))
     return (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
             f"lm loss PPL: {ppl:.6E} |")
+
+
+def watch_log_line(layer_grad_norms: dict[str, float] | None, update_ratio: float | None,
+                   loss_variance: float) -> str:
+    parts = []
+    if layer_grad_norms:
+        parts.append(" grad norm per layer: " + ", ".join(
+            f"{name} {value:.3e}" for name, value in _layer_order(layer_grad_norms)))
+    if update_ratio is not None:
+        parts.append(f" update/param ratio: {update_ratio:.3e}")
+    parts.append(f" loss variance (window): {loss_variance:.4f}")
+    return "".join(part + " |" for part in parts)
+
+
+def _layer_order(norms: dict[str, float]) -> list[tuple[str, float]]:
+    """embedding, layer 1..N in numeric order, then the rest."""
+    def key(item: tuple[str, float]) -> tuple[int, int, str]:
+        name = item[0]
+        if name.startswith("layer "):
+            return (1, int(name.split()[1]), name)
+        return (0 if name == "embedding" else 2, 0, name)
+    return sorted(norms.items(), key=key)
+
+
+class ScalarSinks:
+    """TensorBoard and Weights & Biases (offline only: no network), fed the console's scalars."""
+
+    def __init__(self, cfg: LoggingConfig, run_config: dict) -> None:
+        self.tensorboard = None
+        self.wandb_run = None
+        if cfg.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(log_dir=cfg.tensorboard_dir)
+        if cfg.wandb_project:
+            os.environ["WANDB_MODE"] = "offline"
+            import wandb
+
+            self.wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_exp_name,
+                                        dir=cfg.wandb_save_dir, config=run_config,
+                                        mode="offline")
+
+    def add(self, scalars: dict[str, float | None], iteration: int) -> None:
+        present = {k: float(v) for k, v in scalars.items() if v is not None}
+        if self.tensorboard:
+            for name, value in present.items():
+                self.tensorboard.add_scalar(name, value, iteration)
+        if self.wandb_run:
+            self.wandb_run.log(present, step=iteration)
+
+    def close(self) -> None:
+        if self.tensorboard:
+            self.tensorboard.close()
+        if self.wandb_run:
+            self.wandb_run.finish()
 
 
 class MetricsFile:

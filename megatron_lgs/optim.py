@@ -7,14 +7,17 @@ main weights and Adam moments (ZeRO-1/2).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
-from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_lgs.arguments import Config, warmup_iters
@@ -30,9 +33,9 @@ def wrap_ddp(cfg: Config, model: torch.nn.Module) -> DistributedDataParallel:
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.use_distributed_optimizer,
         bucket_size=o.ddp_bucket_size,
-        # FP16 relies on overflowing (inf/NaN) grads reaching the optimizer, which skips the
-        # step and lowers the loss scale; elsewhere a NaN grad stops the run.
-        check_for_nan_in_grad=not cfg.precision.fp16,
+        # Non-finite grads must reach the step: FP16 backs off its loss scale on them, and the
+        # stability monitor skips and counts the update (megatron's check would abort the run).
+        check_for_nan_in_grad=False,
     )
     return DistributedDataParallel(model.config, ddp_config, model)
 
@@ -96,3 +99,22 @@ def attach_schedule_hooks(cfg: Config, model: DistributedDataParallel,
         config.no_sync_func = model.no_sync
     if cfg.optim.overlap_param_gather:
         config.param_sync_func = model.start_param_sync
+
+
+def guarded_step(optimizer: ChainedOptimizer,
+                 accept: Callable[[float], bool]) -> tuple[bool, float | None]:
+    """megatron-core 0.16.1's ChainedOptimizer.step with a veto: between measuring the global
+    gradient norm and touching any weight, `accept(grad_norm)` may refuse the update.
+    Returns (applied, grad_norm); grad_norm is None when FP16 overflowed (the loss scaler has
+    then already backed off, exactly as in megatron's own step)."""
+    if optimizer.prepare_grads():
+        return False, None
+    grad_norm = optimizer.get_grad_norm()
+    if not accept(grad_norm):
+        return False, grad_norm
+    for inner in optimizer.chained_optimizers:
+        parameters = inner.get_parameters()
+        if parameters and inner.config.clip_grad > 0.0:
+            clip_grad_by_total_norm_fp32(parameters, max_norm=inner.config.clip_grad,
+                                         total_norm=grad_norm)
+    return optimizer.step_with_ready_grads(), grad_norm

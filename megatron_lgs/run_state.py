@@ -14,9 +14,14 @@ class RunState:
     iteration: int = 0
     consumed_train_samples: int = 0
     skipped_iterations: int = 0
+    nan_iterations: int = 0
+    # Iterations whose batches are consumed without an update: --iterations-to-skip plus those
+    # a rollback added.
+    iterations_to_skip: list[int] = field(default_factory=list)
     config_fingerprint: str = ""
     data_fingerprint: str = ""
     scheduler: dict = field(default_factory=dict)
+    stability: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

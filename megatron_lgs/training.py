@@ -1,12 +1,14 @@
 """The trainer: set up once, then the step loop in Megatron-LM's order.
 
 Each step: zero grad buffers -> forward/backward over the micro-batches (megatron-core's
-schedule; grads reduce during the last micro-batch's backward) -> optimizer step (unscale, inf
-check, clip, Adam, copy back) -> scheduler -> log -> eval -> checkpoint/exit.
+schedule; grads reduce during the last micro-batch's backward) -> stability verdict on the loss
+and global grad norm -> optimizer step (unscale, inf check, clip, Adam, copy back) ->
+scheduler -> log -> eval -> checkpoint/exit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,10 +18,17 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron_lgs import checkpointing, data, initialize, memory, metrics
+from megatron_lgs import checkpointing, data, initialize, memory, metrics, stability
 from megatron_lgs.arguments import Config, ConfigError, fail
+from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.model import flops_per_token, num_parameters
-from megatron_lgs.optim import attach_schedule_hooks, build_optimizer, build_scheduler, wrap_ddp
+from megatron_lgs.optim import (
+    attach_schedule_hooks,
+    build_optimizer,
+    build_scheduler,
+    guarded_step,
+    wrap_ddp,
+)
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_state import RunState, config_fingerprint
 
@@ -38,6 +47,17 @@ class Datasets:
 DatasetsProvider = Callable[[Config], Datasets]
 
 
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float | None
+    applied: bool
+    reason: str | None = None  # why the update was refused or flagged
+    rollback: bool = False
+    layer_grad_norms: dict[str, float] | None = None
+    update_ratio: float | None = None
+
+
 def print_rank_last(message: str) -> None:
     """Megatron prints from the last rank: it holds the loss under pipeline parallelism."""
     if dist.get_rank() == dist.get_world_size() - 1:
@@ -45,12 +65,15 @@ def print_rank_last(message: str) -> None:
 
 
 def _reduce_loss(losses: list[dict]) -> float:
-    """Token-weighted mean of the micro-batch losses over the data-parallel group; NaN on
-    ranks that are not on the last pipeline stage."""
-    if not parallel_state.is_pipeline_last_stage():
-        return float("nan")
-    total = torch.stack([x["lm loss"] for x in losses]).sum(dim=0).double()
-    dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    """Token-weighted mean of the micro-batch losses over the data-parallel group, sent from the
+    last pipeline stage to every stage so that all ranks judge a step alike."""
+    total = torch.zeros(2, dtype=torch.float64)
+    if parallel_state.is_pipeline_last_stage():
+        total += torch.stack([x["lm loss"] for x in losses]).sum(dim=0).double()
+        dist.all_reduce(total,
+                        group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
     return (total[0] / total[1]).item()
 
 
@@ -72,6 +95,9 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.state = RunState(config_fingerprint=config_fingerprint(cfg),
                               data_fingerprint=self.datasets.fingerprint)
+        self.monitor = stability.StabilityMonitor(cfg.stability)
+        self.exit_conditions = ExitConditions(cfg.training.exit_signal_handler,
+                                              cfg.training.exit_duration_in_mins)
         t = cfg.training
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -80,12 +106,21 @@ class Trainer:
         is_last_rank = dist.get_rank() == dist.get_world_size() - 1
         self.metrics_file = metrics.MetricsFile(
             cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
+        self.sinks = metrics.ScalarSinks(cfg.logging, cfg.to_dict()) if is_last_rank else None
 
-        if cfg.checkpoint.load and checkpointing.load_checkpoint(
-                cfg.checkpoint, self.state, self.model, self.optimizer, self.scheduler):
+        if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")
+        self.state.iterations_to_skip = sorted(
+            set(self.state.iterations_to_skip) | set(cfg.training.iterations_to_skip))
         self._log_setup()
+
+    def _load(self, ckpt_cfg) -> bool:
+        loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
+                                               self.scheduler)
+        if loaded:
+            self.monitor.load_state_dict(self.state.stability)
+        return loaded
 
     def _log_setup(self) -> None:
         c = self.cfg
@@ -100,18 +135,63 @@ class Trainer:
             f"{self.num_microbatches}")
 
     # -- one step ------------------------------------------------------------------------------
-    def train_step(self, batches: Iterator) -> tuple[float, float | None, bool]:
+    def _forward_step_for(self, iteration: int) -> ForwardStep:
+        def forward_step(batches: Iterator, model: torch.nn.Module) -> tuple:
+            output, loss_func = self.forward_step(batches, model)
+            return output, stability.poison_loss(loss_func, iteration, self.cfg.stability)
+        return forward_step
+
+    def train_step(self, batches: Iterator, iteration: int, watch: bool = False) -> StepResult:
+        """One optimizer step over a global batch; `watch` adds the log-interval diagnostics."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         t = self.cfg.training
         losses = self.forward_backward(
-            forward_step_func=self.forward_step, data_iterator=batches, model=[self.model],
-            num_microbatches=self.num_microbatches, seq_length=self.cfg.model.seq_length,
-            micro_batch_size=t.micro_batch_size, forward_only=False)
-        update_successful, grad_norm, _ = self.optimizer.step()
-        if update_successful:
+            forward_step_func=self._forward_step_for(iteration), data_iterator=batches,
+            model=[self.model], num_microbatches=self.num_microbatches,
+            seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
+            forward_only=False)
+        result = StepResult(loss=_reduce_loss(losses), grad_norm=None, applied=False,
+                            reason="loss scale overflow")
+        before = None
+
+        def accept(grad_norm: float) -> bool:
+            nonlocal before
+            verdict = self.monitor.judge(result.loss, grad_norm)
+            result.reason, result.rollback = verdict.reason, verdict.rollback
+            if watch and verdict.apply:  # before clipping rescales the gradients in place
+                result.layer_grad_norms = stability.per_layer_grad_norms(
+                    self.model, self.optimizer.get_loss_scale().item())
+                before = stability.snapshot_parameters(self.model)
+            return verdict.apply
+
+        result.applied, result.grad_norm = guarded_step(self.optimizer, accept)
+        if result.applied:
             self.scheduler.step(increment=1)
-        return _reduce_loss(losses), grad_norm, update_successful
+        if before is not None:
+            result.update_ratio = stability.update_ratio(self.model, before)
+        return result
+
+    def skip_step(self, batches: Iterator) -> StepResult:
+        """--iterations-to-skip: the batches are consumed, nothing is computed or updated."""
+        for _ in range(self.num_microbatches):
+            next(batches)
+        return StepResult(loss=float("nan"), grad_norm=None, applied=False,
+                          reason="in --iterations-to-skip")
+
+    def rollback(self, iteration: int) -> bool:
+        """Reload the last checkpoint and skip `iteration` from now on; False if there is no
+        checkpoint to go back to (the update is then just skipped)."""
+        save = self.cfg.checkpoint.save
+        if checkpointing.latest_iteration(save) is None:
+            return False
+        skips = set(self.state.iterations_to_skip) | {iteration}
+        self._load(dataclasses.replace(self.cfg.checkpoint, load=save, finetune=False,
+                                       no_load_optim=False, no_load_rng=False))
+        self.state.iterations_to_skip = sorted(skips | set(self.state.iterations_to_skip))
+        print_rank_last(f" rolled back to iteration {self.state.iteration}; iteration "
+                        f"{iteration} will be skipped")
+        return True
 
     def evaluate(self) -> float | None:
         """The same validation batches every time, so evaluations compare like with like."""
@@ -132,6 +212,8 @@ class Trainer:
         loss = _reduce_loss(losses)
         print_rank_last(metrics.validation_log_line(self.state.iteration, loss))
         self.metrics_file.write(event="valid", iteration=self.state.iteration, loss=loss)
+        if self.sinks:
+            self.sinks.add({"validation lm loss": loss}, self.state.iteration)
         return loss
 
     def save(self) -> None:
@@ -140,42 +222,64 @@ class Trainer:
         print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
 
     # -- the loop ------------------------------------------------------------------------------
-    def train(self) -> RunState:
-        c, t, s = self.cfg, self.cfg.training, self.state
+    def _batches(self) -> Iterator:
+        t, s = self.cfg.training, self.state
         sampler = data.MicroBatchSampler(s.consumed_train_samples, t.global_batch_size,
                                          t.micro_batch_size, self.dp_rank, self.dp_size)
-        batches = data.micro_batch_stream(self.datasets.train, sampler, c.data.num_workers)
+        return data.micro_batch_stream(self.datasets.train, sampler, self.cfg.data.num_workers)
+
+    def train(self) -> RunState:
+        c, t, s = self.cfg, self.cfg.training, self.state
+        batches = self._batches()
         if s.iteration == 0:
             self.evaluate()
         interval = metrics.IntervalStats()
         first_iteration = s.iteration + 1
         while s.iteration < t.train_iters:
+            iteration = s.iteration + 1
             started = time.perf_counter()
-            loss, grad_norm, ok = self.train_step(batches)
-            s.iteration += 1
+            if iteration in s.iterations_to_skip:
+                result = self.skip_step(batches)
+            else:
+                result = self.train_step(batches, iteration,
+                                         watch=iteration % t.log_interval == 0)
+            if result.rollback and self.rollback(iteration):
+                batches = self._batches()
+                continue
+            s.iteration = iteration
             s.consumed_train_samples += t.global_batch_size
-            s.skipped_iterations += 0 if ok else 1
-            interval.add(loss, time.perf_counter() - started)
+            s.skipped_iterations += 0 if result.applied else 1
+            s.nan_iterations += result.reason == "nan"
+            s.stability = self.monitor.state_dict()
+            interval.add(result.loss, time.perf_counter() - started)
+            if result.reason:
+                print_rank_last(f" iteration {iteration}: {result.reason}; update "
+                                f"{'applied' if result.applied else 'skipped'}")
             if s.iteration == first_iteration:  # optimizer state exists only after a step
                 self._log_memory()
             lr = self.optimizer.param_groups[0]["lr"]
-            self.metrics_file.write(event="train", iteration=s.iteration, loss=loss, lr=lr,
-                                    grad_norm=grad_norm, skipped=not ok,
-                                    loss_scale=self.optimizer.get_loss_scale().item())
+            self.metrics_file.write(
+                event="train", iteration=s.iteration, loss=result.loss, lr=lr,
+                grad_norm=result.grad_norm, skipped=not result.applied, reason=result.reason,
+                loss_scale=self.optimizer.get_loss_scale().item())
 
             if s.iteration % t.log_interval == 0:
-                self._log_interval(interval, grad_norm, lr)
+                self._log_interval(interval, result, lr)
                 interval = metrics.IntervalStats()
             if s.iteration % t.eval_interval == 0 or s.iteration == t.train_iters:
                 self.evaluate()
+            stop = self.exit_conditions.reason()
+            if stop is None and t.exit_interval and s.iteration % t.exit_interval == 0:
+                stop = "--exit-interval"
             save_now = c.checkpoint.save_interval and s.iteration % c.checkpoint.save_interval == 0
-            exit_now = t.exit_interval and s.iteration % t.exit_interval == 0
-            if c.checkpoint.save and (save_now or exit_now or s.iteration == t.train_iters):
+            if c.checkpoint.save and (save_now or stop or s.iteration == t.train_iters):
                 self.save()
-            if exit_now:
-                print_rank_last(f" exiting after iteration {s.iteration} (--exit-interval)")
+            if stop:
+                print_rank_last(f" exiting after iteration {s.iteration}: {stop}")
                 break
         self.metrics_file.close()
+        if self.sinks:
+            self.sinks.close()
         return s
 
     def _log_memory(self) -> None:
@@ -184,22 +288,40 @@ class Trainer:
         self.metrics_file.write(event="memory", iteration=self.state.iteration,
                                 per_rank=per_rank)
 
-    def _log_interval(self, interval: metrics.IntervalStats, grad_norm: float | None,
+    def _log_interval(self, interval: metrics.IntervalStats, result: StepResult,
                       lr: float) -> None:
         t, s = self.cfg.training, self.state
         seconds_per_iteration = interval.step_seconds / interval.iterations
         tokens_per_second = t.global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
         tflops = tokens_per_second * self.flops_per_token / 1e12 / self.cfg.parallel.world_size
         peak = metrics.gpu_peak_tflops()
+        loss_scale = self.optimizer.get_loss_scale().item()
         print_rank_last(metrics.training_log_line(
             iteration=s.iteration, train_iters=t.train_iters,
             consumed_samples=s.consumed_train_samples,
             ms_per_iteration=1000 * seconds_per_iteration, lr=lr,
             global_batch_size=t.global_batch_size, loss=interval.mean_loss(),
-            loss_scale=self.optimizer.get_loss_scale().item(), grad_norm=grad_norm,
+            loss_scale=loss_scale, grad_norm=result.grad_norm,
             skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
             tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
             mfu=tflops / peak if peak else None))
+        variance = self.monitor.loss_variance()
+        watch = metrics.watch_log_line(result.layer_grad_norms, result.update_ratio, variance)
+        print_rank_last(watch)
+        for line in stability.alerts(result.grad_norm, result.update_ratio, variance):
+            print_rank_last(line)
+        scalars = {
+            "lm loss": interval.mean_loss(), "learning rate": lr, "loss scale": loss_scale,
+            "grad norm": result.grad_norm, "skipped iterations": s.skipped_iterations,
+            "nan iterations": s.nan_iterations, "tokens per second": tokens_per_second,
+            "throughput TFLOP/s per GPU": tflops, "loss variance": variance,
+            "update/param ratio": result.update_ratio,
+            **{f"grad norm/{k}": v for k, v in (result.layer_grad_norms or {}).items()},
+        }
+        self.metrics_file.write(event="log", iteration=s.iteration, **{
+            k.replace(" ", "_").replace("/", "."): v for k, v in scalars.items()})
+        if self.sinks:
+            self.sinks.add(scalars, s.iteration)
 
 
 def pretrain(cfg: Config, model_provider: ModelProvider, forward_step: ForwardStep,
