@@ -89,6 +89,11 @@ def install() -> Platform:
     # start-up line states it once. Its own default cuda_graph_scope trips its own deprecation.
     warnings.filterwarnings("ignore", message=r".*(not installed|Falling back)", module="megatron")
     warnings.filterwarnings("ignore", message="full scope is deprecated", module="megatron")
+    # megatron-core 0.16.1 calls torch.distributed.checkpoint APIs that torch deprecates
+    # (ShardedTensor, load_state_dict): nothing a user of this trainer can act on.
+    warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="`load_state_dict` is deprecated",
+                            category=FutureWarning)
     if torch.cuda.is_available():
         _PLATFORM = Platform(torch.device("cuda"), "nccl", te_error is None, te_error)
     else:
