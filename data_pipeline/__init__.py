@@ -1,4 +1,6 @@
-"""Offline data pipeline: embedded CPython corpus, byte-level BPE, packed GPT samples."""
+"""Offline data pipeline: embedded CPython corpus, byte-level BPE, packed GPT samples; and
+``python -m data_pipeline prepare`` (deduplicated WebDataset shards) with a blended, packed,
+map-style loader over them and loss-driven domain weights."""
 
 from data_pipeline.dataset import (
     DataConfig,
@@ -14,13 +16,23 @@ from data_pipeline.embedded import (
     embedded_corpus,
     load_embedded_corpus,
 )
+from data_pipeline.loader import BlendedDataset, LoaderConfig, blend_datasets, blend_domains
+from data_pipeline.manifest import DatasetError
+from data_pipeline.mixing import MixingConfig, MixingSchedule, update_weights
 from data_pipeline.tokenizer import eod_id, load_tokenizer, train_bpe_tokenizer
 
 __all__ = [
+    "BlendedDataset",
     "DataConfig",
+    "DatasetError",
     "Document",
     "EmbeddedCorpus",
+    "LoaderConfig",
+    "MixingConfig",
+    "MixingSchedule",
     "PackedDataset",
+    "blend_datasets",
+    "blend_domains",
     "build_embedded_datasets",
     "collate",
     "corpus_fingerprint",
@@ -30,4 +42,5 @@ __all__ = [
     "load_embedded_corpus",
     "load_tokenizer",
     "train_bpe_tokenizer",
+    "update_weights",
 ]

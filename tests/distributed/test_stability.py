@@ -128,3 +128,10 @@ def test_tensorboard_wandb_and_report(tiny, tmp_path):
         assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     summary = (save / "report" / "summary.md").read_text()
     assert "MoE expert load imbalance (max/mean) | not recorded" in summary
+
+
+def test_exit_duration_saves_and_exits_zero(tiny, tmp_path):
+    run = run_pretrain([*tiny, "--train-iters", "1000", "--exit-duration-in-mins", "0.0001"],
+                       save_dir=tmp_path / "c")
+    assert "time budget spent (--exit-duration-in-mins)" in run.stdout
+    assert int((tmp_path / "c" / "latest_checkpointed_iteration.txt").read_text()) < 1000

@@ -1,0 +1,132 @@
+"""``python -m data_pipeline {prepare,train-tokenizer}``.
+
+Errors in the input or the flags end the run with one ``error:`` line on stderr and a non-zero
+exit code (2 for flags, 1 for data), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from data_pipeline.ingest import IngestConfig, ingest
+from data_pipeline.manifest import DatasetError
+from data_pipeline.minhash import HASHES, VERIFY_MODES, MinHashConfig
+from data_pipeline.normalize import UNICODE_FORMS, WHITESPACE_MODES, FilterConfig, NormalizeConfig
+from data_pipeline.prepare import PrepareConfig, prepare
+from data_pipeline.sources import DomainSource, InputError
+from data_pipeline.stats import DomainCounts, RejectLog, summary_table
+from data_pipeline.tokenizer import train_bpe_tokenizer
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("input")
+    g.add_argument("--domain", action="append", required=True, metavar="NAME=PATH",
+                   help="a domain and a directory or glob of .jsonl/.json/.parquet/.txt/.tar "
+                        "files; repeat for more domains or more sources of one domain")
+    g.add_argument("--text-field", default="text", help="record field holding the text")
+    g.add_argument("--strict", action="store_true",
+                   help="stop at the first input error (bad UTF-8, broken JSON, truncated "
+                        "tar, ...), naming its file and line; by default they are counted")
+    g.add_argument("--unicode-form", default="NFC", choices=[*UNICODE_FORMS, "none"])
+    g.add_argument("--whitespace", default="tidy", choices=WHITESPACE_MODES,
+                   help="tidy: line endings, trailing spaces, blank-line runs; collapse: every "
+                        "whitespace run to one space")
+    g.add_argument("--min-chars", type=int, default=FilterConfig.min_chars)
+    g.add_argument("--max-bytes", type=int, default=FilterConfig.max_bytes)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m data_pipeline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    prep = sub.add_parser("prepare", help="sources -> deduplicated, tokenized WebDataset shards")
+    _add_input_flags(prep)
+    prep.add_argument("--output", required=True, type=Path, help="new dataset directory")
+    tok = prep.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--tokenizer", type=Path, help="a local tokenizer.json")
+    tok.add_argument("--vocab-size", type=int, help="train a byte-level BPE on the kept text")
+    d = prep.add_argument_group("deduplication")
+    defaults = MinHashConfig()
+    d.add_argument("--no-near-dedup", action="store_true", help="exact deduplication only")
+    d.add_argument("--ngram", type=int, default=defaults.ngram, help="words per shingle")
+    d.add_argument("--num-perm", type=int, default=defaults.num_perm)
+    d.add_argument("--bands", type=int, default=defaults.bands)
+    d.add_argument("--rows", type=int, default=defaults.rows)
+    d.add_argument("--threshold", type=float, default=defaults.threshold,
+                   help="Jaccard a candidate pair needs to be merged")
+    d.add_argument("--verify", default=defaults.verify, choices=VERIFY_MODES,
+                   help="confirm LSH candidates by exact shingle-set Jaccard or by the "
+                        "MinHash estimate")
+    d.add_argument("--minhash-seed", type=int, default=defaults.seed)
+    d.add_argument("--minhash-hash", default=defaults.hash, choices=HASHES,
+                   help="fast: vectorized word hash; sha1: datasketch's default shingle hash")
+    o = prep.add_argument_group("output")
+    o.add_argument("--shard-max-docs", type=int, default=PrepareConfig.shard_max_docs)
+    o.add_argument("--shard-max-bytes", type=int, default=PrepareConfig.shard_max_bytes)
+    o.add_argument("--reject-samples", type=int, default=PrepareConfig.reject_samples,
+                   help="rejected documents per reason written to rejects.jsonl")
+
+    train = sub.add_parser("train-tokenizer", help="train a byte-level BPE on the sources")
+    _add_input_flags(train)
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--output", required=True, type=Path, help="tokenizer.json to write")
+    return parser
+
+
+def _ingest_config(args: argparse.Namespace) -> IngestConfig:
+    return IngestConfig(
+        NormalizeConfig(None if args.unicode_form == "none" else args.unicode_form,
+                        args.whitespace),
+        FilterConfig(args.min_chars, args.max_bytes), args.text_field, args.strict)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    cfg = PrepareConfig(
+        sources=tuple(DomainSource.parse(spec) for spec in args.domain),
+        output=args.output, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        ingest=_ingest_config(args),
+        minhash=MinHashConfig(args.ngram, args.num_perm, args.minhash_seed, args.bands,
+                              args.rows, args.threshold, args.minhash_hash, args.verify),
+        near_dedup=not args.no_near_dedup, shard_max_docs=args.shard_max_docs,
+        shard_max_bytes=args.shard_max_bytes, reject_samples=args.reject_samples)
+    result = prepare(cfg)
+    print(result.summary())
+    print(f"wrote {len(result.manifest['shards'])} shards to {result.output} "
+          f"(fingerprint {result.manifest['fingerprint'][:16]})")
+
+
+def _train_tokenizer(args: argparse.Namespace) -> None:
+    if args.output.exists():
+        raise InputError(f"--output {args.output} already exists")
+    counts: dict[str, DomainCounts] = {}
+    records = ingest([DomainSource.parse(spec) for spec in args.domain], _ingest_config(args),
+                     counts, RejectLog(0))
+    tokenizer = train_bpe_tokenizer((text for _, text in records), args.vocab_size)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(args.output))
+    for c in counts.values():
+        c.kept = c.records_in - c.rejected_total
+    print(summary_table(counts))
+    print(f"wrote {args.output} ({tokenizer.get_vocab_size()} tokens)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "prepare":
+            _prepare(args)
+        else:
+            _train_tokenizer(args)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except (InputError, DatasetError) as exc:
+        parser.exit(1, f"error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import webdataset as wds
+from corpus_helpers import VOCAB_SIZE, prepare_corpus, random_texts, tar_bytes
+
+from data_pipeline.__main__ import main
+from data_pipeline.manifest import load_manifest
+from data_pipeline.normalize import NormalizeConfig, normalize
+from data_pipeline.prepare import DEDUP_REPORT, REJECTS_FILE
+from data_pipeline.shard_reader import DocumentStore
+from data_pipeline.sources import InputError
+from data_pipeline.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def shard_samples(dataset_dir):
+    manifest = json.loads((dataset_dir / "manifest.json").read_text())
+    urls = [str(dataset_dir / s["tar"]) for s in manifest["shards"]]
+    return list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+
+
+def test_counts_balance_per_domain(prepared):
+    counts = prepared.manifest["counts"]
+    assert prepared.manifest["domains"] == ["books", "code", "web"]
+    for name, c in counts.items():
+        removed = c["exact_duplicates"] + c["near_duplicates"] + sum(c["rejected"].values())
+        assert c["records_in"] == c["kept"] + removed, name
+    assert [counts[d]["records_in"] for d in ("books", "code", "web")] == [60, 60, 123]
+    assert counts["web"]["exact_duplicates"] == 1 and counts["web"]["near_duplicates"] == 2
+    summary = prepared.summary()
+    print(summary)
+    assert summary.splitlines()[-1].split()[:7] == ["all", "243", "240", "1", "2", "0",
+                                                    str(sum(c["tokens"] for c in counts.values()))]
+
+
+def test_shards_are_webdataset_and_index_points_at_tokens(prepared, corpus):
+    out = prepared.output
+    manifest = load_manifest(out, verify_shards=True)
+    assert len(manifest["shards"]) == 4  # 240 documents, 64 per shard
+    samples = shard_samples(out)
+    store = DocumentStore([out])
+    assert len(samples) == len(store) == 240
+    for row, sample in enumerate(samples):
+        tokens = np.frombuffer(sample["tokens.i32"], dtype="<i4")
+        assert np.array_equal(store.read(row), tokens)
+        assert store.domain_names[store.domain[row]] == sample["domain.txt"].decode()
+    # Tokens decode back to the normalized text of the document named by source_id.
+    tokenizer = load_tokenizer(out / "tokenizer.json")
+    first_web = next(s for s in samples if s["source_id.txt"] == b"a.jsonl:1")
+    text = json.loads((corpus.root / "web" / "a.jsonl").read_text().splitlines()[0])["text"]
+    decoded = tokenizer.decode(np.frombuffer(first_web["tokens.i32"], "<i4").tolist())
+    assert decoded == normalize(text, NormalizeConfig())
+    assert manifest["tokenizer"]["vocab_size"] == VOCAB_SIZE
+
+
+def test_duplicates_removed_within_and_across_domains(prepared, corpus):
+    report = [json.loads(line) for line in
+              (prepared.output / DEDUP_REPORT).read_text().splitlines()]
+    removed = {(r["removed_domain"], r["removed"]): r for r in report}
+    assert len(removed) == len(report) == 3
+    exact = removed[("web", corpus.exact_copy[0])]
+    assert (exact["stage"], exact["kept"], exact["jaccard"]) == ("exact", corpus.exact_copy[1], 1.0)
+    near = removed[("web", corpus.near_copy[0])]
+    assert (near["stage"], near["kept"], near["kept_domain"]) == ("near", corpus.near_copy[1],
+                                                                  "web")
+    assert 0.85 < near["jaccard"] < 1.0 and 0.85 < near["matched_jaccard"] < 1.0
+    cross = removed[("web", corpus.cross_domain_copy[0])]
+    assert (cross["kept"], cross["kept_domain"]) == (corpus.cross_domain_copy[1], "code")
+    kept = {(s["domain.txt"].decode(), s["source_id.txt"].decode())
+            for s in shard_samples(prepared.output)}
+    for row in report:
+        assert (row["removed_domain"], row["removed"]) not in kept
+        assert (row["kept_domain"], row["kept"]) in kept
+
+
+def test_same_input_same_fingerprint(prepared, corpus, tmp_path):
+    again = prepare_corpus(corpus, tmp_path / "again")
+    assert again.manifest["fingerprint"] == prepared.manifest["fingerprint"]
+    assert (tmp_path / "again" / "shard-000000.tar").read_bytes() == \
+        (prepared.output / "shard-000000.tar").read_bytes()
+
+
+def test_existing_output_is_refused(corpus, prepared):
+    with pytest.raises(InputError, match="already exists"):
+        prepare_corpus(corpus, prepared.output)
+
+
+def test_train_tokenizer_then_prepare_with_it(corpus, tmp_path, capsys):
+    web = [f"--domain=web={corpus.root / 'web'}"]
+    assert main(["train-tokenizer", *web, "--vocab-size", "300",
+                 "--output", str(tmp_path / "tok.json")]) == 0
+    assert main(["prepare", *web, "--tokenizer", str(tmp_path / "tok.json"),
+                 "--output", str(tmp_path / "ds"), "--no-near-dedup"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 1 shards" in out
+    manifest = load_manifest(tmp_path / "ds")
+    assert manifest["tokenizer"]["vocab_size"] == 300
+    assert manifest["counts"]["web"]["near_duplicates"] == 0  # near dedup was off
+    assert manifest["counts"]["web"]["exact_duplicates"] == 1
+
+
+def write_bad_directory(root: Path) -> dict[str, int]:
+    """Every kind of bad input, and the counts prepare must report for it."""
+    rng = np.random.default_rng(1)
+    good = iter(random_texts(rng, 20, (40, 80)))
+    root.mkdir()
+    (root / "good.jsonl").write_text("".join(json.dumps({"text": next(good)}) + "\n"
+                                             for _ in range(3)))
+    (root / "broken.jsonl").write_bytes(b"\n".join([
+        json.dumps({"text": next(good)}).encode(),
+        b'{"text": "unterminated',
+        b'{"text": "bad byte \xff here, long enough to pass the filters"}',
+        json.dumps({"title": "no text field"}).encode(),
+        json.dumps({"text": next(good)}).encode(),
+    ]) + b"\n")
+    (root / "invalid.txt").write_bytes(next(good).encode() + b"\nline two \xc3\x28\n")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "empty.jsonl").write_bytes(b"")
+    (root / "blank.txt").write_text("   \n\n\t\n")
+    (root / "short.txt").write_text("tiny")
+    with open(root / "huge.txt", "wb") as f:  # a 50 MB single document
+        f.write(b"lorem ipsum dolor sit amet " * (50 * 2**20 // 27 + 1))
+    members = {f"doc{k}.txt": next(good).encode() for k in range(3)}
+    whole = tar_bytes(members)
+    (root / "trunc.tar").write_bytes(whole[:512 + 512 + 600])  # cut inside member 2's data
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        third = tar.getmembers()[2].offset
+    (root / "cut.tar").write_bytes(tar_bytes({f"c{k}.txt": next(good).encode()
+                                              for k in range(3)})[:third])
+    (root / "notes.md").write_text("not a supported format")
+    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 2, "malformed_json": 1, "missing_text": 1,
+            "empty_file": 2, "empty": 1, "too_short": 1, "too_long": 1, "truncated_tar": 2,
+            "unsupported_file": 1}
+
+
+def test_bad_input_is_counted_not_fatal(tmp_path):
+    expected = write_bad_directory(tmp_path / "bad")
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_pipeline", "prepare", "--domain", f"bad={tmp_path / 'bad'}",
+         "--output", str(tmp_path / "out"), "--vocab-size", "300"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=120)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    counts = load_manifest(tmp_path / "out")["counts"]["bad"]
+    kept = expected.pop("kept")
+    assert counts["kept"] == kept and counts["rejected"] == expected
+    assert counts["records_in"] == kept + sum(expected.values())
+    for reason, n in expected.items():
+        assert f"{reason}={n}" in proc.stdout
+    samples = [json.loads(line) for line in (tmp_path / "out" / REJECTS_FILE).read_text()
+               .splitlines()]
+    assert {s["reason"] for s in samples} == set(expected)
+    trunc = next(s for s in samples if s["source_id"].startswith("trunc.tar"))
+    assert trunc["location"].endswith("trunc.tar:2")
+
+
+def test_strict_stops_at_first_input_error(tmp_path, capsys):
+    write_bad_directory(tmp_path / "bad")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare", "--domain", f"bad={tmp_path / 'bad'}", "--output",
+              str(tmp_path / "out"), "--vocab-size", "300", "--strict"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    # blank.txt (a filter decision) sorts first; broken.jsonl line 2 is the first input error.
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"error: {tmp_path / 'bad' / 'broken.jsonl'}:2: malformed_json")
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.partial-*"))
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    (["--domain", "nameonly"], 2, "NAME=PATH"),
+    (["--domain", "a=/nonexistent/dir"], 1, "no files found"),
+    (["--domain", "a=.", "--threshold", "1.5"], 2, "threshold"),
+    (["--domain", "a=.", "--bands", "20", "--rows", "8"], 2, "bands x rows"),
+])
+def test_bad_flags_one_line(argv, code, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare", *argv, "--output", str(tmp_path / "o"), "--vocab-size", "300"])
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
