@@ -9,6 +9,7 @@ datasets_provider, not a fork of the trainer.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -41,24 +42,45 @@ def forward_step(data_iterator, model: torch.nn.Module) -> tuple:
     return output, partial(loss_func, batch["loss_mask"])
 
 
-def datasets_provider(cfg: Config) -> Datasets:
-    """The embedded corpus (standard-library code + pydoc prose), tokenized with a BPE trained
-    on it. Rank 0 builds the cache; the others read it."""
-    from data_pipeline import DataConfig, build_embedded_datasets
+# Default blend of the embedded corpus's domains (stdlib code, pydoc prose).
+EMBEDDED_WEIGHTS = {"code": 0.7, "prose": 0.3}
 
-    data_cfg = DataConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed,
-                          vocab_size=cfg.data.vocab_size, cache_dir=cfg.data.data_cache_dir)
+
+def datasets_provider(cfg: Config) -> Datasets:
+    """Prepared datasets (--data-path), or the embedded corpus run through the same `prepare`
+    pipeline on first use (rank 0 prepares, the others wait). Train and validation are
+    disjoint sets of documents of every domain."""
+    from data_pipeline import DatasetError
+    from data_pipeline.embedded import prepare_embedded
+    from data_pipeline.loader import LoaderConfig, blend_datasets, blend_domains
+    from data_pipeline.shard_reader import DocumentStore
+
+    d = cfg.data
+    loader = LoaderConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed)
     try:
         try:
-            if dist.get_rank() == 0:
-                build_embedded_datasets(data_cfg)
+            if dist.get_rank() == 0 and not d.data_path:
+                prepare_embedded(d.data_cache_dir, d.vocab_size)
         finally:  # the others must not wait forever for a rank 0 that failed
             dist.barrier()
-        train, valid, tokenizer = build_embedded_datasets(data_cfg)
-    except ValueError as exc:  # e.g. a sequence longer than the validation split
-        raise ConfigError(f"embedded data: {exc}") from None
-    return Datasets(train=train, valid=valid, vocab_size=tokenizer.get_vocab_size(),
-                    fingerprint=f"{train.fingerprint}/{valid.fingerprint}")
+        if d.data_path and not d.domain_weights and d.data_mix == "static":
+            train, valid = (blend_datasets(d.data_path, replace(loader, split=split))
+                            for split in ("train", "valid"))
+            valid_by_domain = {}
+        else:  # blend by domain, the form dynamic mixing adjusts
+            dirs = list(d.data_path) or [str(prepare_embedded(d.data_cache_dir, d.vocab_size))]
+            weights = dict(d.domain_weights) or (EMBEDDED_WEIGHTS if not d.data_path else dict.
+                                                  fromkeys(DocumentStore(dirs).domain_names, 1.0))
+            train, valid = (blend_domains(dirs, weights, replace(loader, split=split))
+                            for split in ("train", "valid"))
+            valid_by_domain = {
+                name: blend_domains(dirs, {name: 1.0}, replace(loader, split="valid"))
+                for name in train.names} if d.data_mix == "dynamic" else {}
+    except (ValueError, DatasetError) as exc:
+        raise ConfigError(f"data: {exc}") from None
+    return Datasets(train=train, valid=valid, vocab_size=train.store.vocab_size,
+                    fingerprint=f"{train.fingerprint}/{valid.fingerprint}",
+                    schedule=train.schedule, valid_by_domain=valid_by_domain)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Prints loader tokens/s and its ratio to the model's tokens/s (target: >= 100x). 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,25 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_pipeline import collate, load_embedded_corpus  # noqa: E402
+from data_pipeline import collate  # noqa: E402
+from data_pipeline.embedded import prepare_embedded  # noqa: E402
 from data_pipeline.loader import LoaderConfig, blend_domains  # noqa: E402
-from data_pipeline.prepare import PrepareConfig, prepare  # noqa: E402
-from data_pipeline.sources import DomainSource  # noqa: E402
-
-
-def prepare_embedded(root: Path, vocab_size: int) -> Path:
-    sources = []
-    for doc in load_embedded_corpus().documents:
-        path = root / "sources" / doc.domain / "docs.jsonl"
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True)
-            sources.append(DomainSource(doc.domain, str(path.parent)))
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"text": doc.text}) + "\n")
-    result = prepare(PrepareConfig(sources=tuple(sources), output=root / "dataset",
-                                   vocab_size=vocab_size, progress=False))
-    print(result.summary())
-    return result.output
 
 
 def main() -> None:
@@ -56,7 +39,7 @@ def main() -> None:
     weights = {k: float(v) for k, v in (item.split("=") for item in args.weights.split(","))}
 
     with tempfile.TemporaryDirectory() as tmp:
-        dataset_dir = args.dataset or prepare_embedded(Path(tmp), args.vocab_size)
+        dataset_dir = args.dataset or prepare_embedded(tmp, args.vocab_size)
         ds = blend_domains([dataset_dir], weights, LoaderConfig(args.seq_length))
         # Start far into the run so epochs > 0 are exercised too.
         sample = 3 * len(ds)

@@ -9,9 +9,11 @@ fingerprint that cache keys and checkpoints can compare.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pydoc_data.topics
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,3 +130,31 @@ def load_embedded_corpus(
 
 def embedded_corpus() -> list[Document]:
     return list(load_embedded_corpus().documents)
+
+
+def prepare_embedded(cache_dir: str | os.PathLike[str], vocab_size: int) -> Path:
+    """The embedded corpus through the full `prepare` pipeline (normalize, dedup, BPE, shards),
+    once per (corpus, vocabulary): the trainer's default dataset. Safe to call from several
+    processes; `prepare` publishes its output with an atomic rename."""
+    from data_pipeline.prepare import PrepareConfig, prepare
+    from data_pipeline.sources import DomainSource
+
+    corpus = load_embedded_corpus()
+    key = hashlib.sha256(f"{corpus.fingerprint}:{vocab_size}:v1".encode()).hexdigest()[:16]
+    output = Path(cache_dir) / f"embedded-{key}"
+    if (output / "manifest.json").is_file():
+        return output
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        sources = []
+        for domain in sorted({doc.domain for doc in corpus.documents}):
+            folder = Path(tmp) / domain
+            folder.mkdir()
+            with open(folder / "docs.jsonl", "w", encoding="utf-8") as f:
+                for doc in corpus.documents:
+                    if doc.domain == domain:
+                        f.write(json.dumps({"text": doc.text}) + "\n")
+            sources.append(DomainSource(domain, str(folder)))
+        prepare(PrepareConfig(sources=tuple(sources), output=output, vocab_size=vocab_size,
+                              progress=False))
+    return output

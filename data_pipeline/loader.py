@@ -46,6 +46,10 @@ class LoaderConfig:
     # Weights are realized exactly as multiples of 1/resolution (see blend.quantize).
     resolution: int = DEFAULT_RESOLUTION
     verify_shards: bool = False  # re-hash every shard on open (reads every byte)
+    # Document-level hold-out: every `valid_every`-th document of each component (in index
+    # order) is validation; "train" takes the rest, "all" everything.
+    split: str = "all"
+    valid_every: int = 20
 
     def __post_init__(self) -> None:
         if self.resolution < 1:
@@ -54,6 +58,10 @@ class LoaderConfig:
             raise ValueError(f"seq_length must be >= 1, got {self.seq_length}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.split not in ("all", "train", "valid"):
+            raise ValueError(f"split must be all, train or valid, got {self.split!r}")
+        if self.valid_every < 2:
+            raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
 
 
 def _stable_key(name: str) -> int:
@@ -135,6 +143,7 @@ class BlendedDataset(torch.utils.data.Dataset):
             "seq_length": cfg.seq_length,
             "seed": cfg.seed,
             "eod_mask_loss": cfg.eod_mask_loss,
+            "split": [cfg.split, cfg.valid_every],
             "resolution": cfg.resolution,
         }, sort_keys=True).encode("utf-8")).hexdigest()
         self._blend_revision = -1
@@ -187,6 +196,13 @@ def _check_index(index: int) -> int:
     return i
 
 
+def _split(docs: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
+    if cfg.split == "all":
+        return docs
+    held_out = np.arange(len(docs)) % cfg.valid_every == cfg.valid_every - 1
+    return docs[held_out] if cfg.split == "valid" else docs[~held_out]
+
+
 def parse_data_path(data_path: Sequence[str]) -> list[tuple[float, str]]:
     """Megatron's ``--data-path``: ``DIR`` or ``W1 DIR1 W2 DIR2 ...``."""
     items = list(data_path)
@@ -212,7 +228,8 @@ def blend_datasets(data_path: Sequence[str], cfg: LoaderConfig,
     if len(set(dirs)) != len(dirs):
         raise ValueError(f"--data-path names a directory twice: {dirs}")
     store = DocumentStore(dirs, cfg.verify_shards)
-    components = {d: np.flatnonzero(store.dataset == k) for k, d in enumerate(dirs)}
+    components = {d: _split(np.flatnonzero(store.dataset == k), cfg)
+                  for k, d in enumerate(dirs)}
     if schedule is None:
         schedule = MixingSchedule(dirs, [w for w, _ in pairs])
     return BlendedDataset(store, components, schedule, cfg)
@@ -230,6 +247,7 @@ def blend_domains(dataset_dirs: Sequence[str | os.PathLike[str]],
     if unknown:
         raise DatasetError(f"no domain {unknown} in {[str(d) for d in dataset_dirs]} "
                            f"(domains: {store.domain_names})")
-    components = {name: np.flatnonzero(store.domain == store.domain_names.index(name))
+    components = {name: _split(np.flatnonzero(store.domain == store.domain_names.index(name)),
+                               cfg)
                   for name in schedule.domains}
     return BlendedDataset(store, components, schedule, cfg)

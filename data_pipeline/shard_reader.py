@@ -34,6 +34,7 @@ class DocumentStore:
             raise DatasetError(f"datasets {[str(d) for d in self.dataset_dirs]} were tokenized "
                                f"with {len(tokenizers)} different tokenizers")
         self.eod_id: int = self.manifests[0]["tokenizer"]["eod_id"]
+        self.vocab_size: int = self.manifests[0]["tokenizer"]["vocab_size"]
         self.domain_names: list[str] = sorted({d for m in self.manifests for d in m["domains"]})
         self.shard_paths: list[Path] = []
         dataset, shard, offset, tokens, domain = [], [], [], [], []

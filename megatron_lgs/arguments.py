@@ -144,9 +144,18 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class DataArgs:
+    # Prepared datasets (python -m data_pipeline prepare), Megatron's "DIR" or "W1 DIR1 W2 DIR2";
+    # empty: the embedded corpus, prepared on first use into data_cache_dir.
+    data_path: tuple[str, ...] = ()
+    domain_weights: tuple[tuple[str, float], ...] = ()  # per-domain form: code=0.7 prose=0.3
     vocab_size: int = 4096  # size of the BPE vocabulary trained on the embedded corpus
     data_cache_dir: str = ".cache/data"
     num_workers: int = 0
+    data_mix: str = "static"  # dynamic: per-domain validation loss drives the weights
+    data_mix_interval: int = 20
+    data_mix_eta: float = 1.0
+    data_mix_floor: float = 0.05
+    data_mix_smoothing: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -297,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--finetune", c.finetune)
 
     g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=[],
+                   help="prepared dataset dirs: DIR, or WEIGHT DIR pairs")
+    g.add_argument("--domain-weights", nargs="+", default=[], metavar="DOMAIN=WEIGHT",
+                   help="blend by domain instead of by dataset")
+    _add(g, "--data-mix", d.data_mix, choices=["static", "dynamic"])
+    _add(g, "--data-mix-interval", d.data_mix_interval,
+         help="iterations between weight updates (dynamic)")
+    _add(g, "--data-mix-eta", d.data_mix_eta)
+    _add(g, "--data-mix-floor", d.data_mix_floor)
+    _add(g, "--data-mix-smoothing", d.data_mix_smoothing)
     _add(g, "--vocab-size", d.vocab_size)
     _add(g, "--data-cache-dir", d.data_cache_dir)
     _add(g, "--num-workers", d.num_workers)
@@ -308,6 +327,17 @@ def _pick(cls: type, ns: argparse.Namespace, **extra: object) -> object:
     values = {k: v for k, v in vars(ns).items() if k in names}
     values.update(extra)
     return cls(**values)
+
+
+def _domain_weights(items: list[str]) -> tuple[tuple[str, float], ...]:
+    pairs = []
+    for item in items:
+        name, _, weight = item.partition("=")
+        try:
+            pairs.append((name, float(weight)))
+        except ValueError:
+            raise ConfigError(f"--domain-weights takes DOMAIN=WEIGHT, got {item!r}") from None
+    return tuple(pairs)
 
 
 def world_size_from_env() -> int:
@@ -394,6 +424,23 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--exit-interval must be at least 1, got {t.exit_interval}")
     if cfg.checkpoint.save_interval is not None and cfg.checkpoint.save_interval < 1:
         raise ConfigError(f"--save-interval must be at least 1, got {cfg.checkpoint.save_interval}")
+    dd = cfg.data
+    if len(dd.data_path) > 1 and dd.domain_weights:
+        raise ConfigError("--data-path WEIGHT DIR pairs and --domain-weights are two ways to "
+                          "weight the blend; give one (a single --data-path DIR is fine)")
+    if dd.data_path and len(dd.data_path) > 1 and dd.data_mix == "dynamic":
+        raise ConfigError("--data-mix dynamic mixes domains: use --data-path DIR with "
+                          "--domain-weights")
+    if any(w < 0 for _, w in dd.domain_weights) or \
+            (dd.domain_weights and sum(w for _, w in dd.domain_weights) <= 0):
+        raise ConfigError("--domain-weights must be non-negative and not all zero")
+    if dd.data_mix_interval < 1 or not 0 <= dd.data_mix_floor < 1 or \
+            not 0 <= dd.data_mix_smoothing < 1 or dd.data_mix_eta <= 0:
+        raise ConfigError("--data-mix-interval >= 1, --data-mix-eta > 0, and --data-mix-floor "
+                          "and --data-mix-smoothing in [0, 1) are required")
+    if dd.data_mix == "dynamic" and t.eval_iters < 1:
+        raise ConfigError("--data-mix dynamic measures per-domain validation loss: it needs "
+                          "--eval-iters >= 1")
     st = cfg.stability
     if st.spike_window < 2 or st.spike_zscore <= 0 or st.grad_norm_spike_factor <= 1:
         raise ConfigError("--loss-spike-window must be >= 2, --loss-spike-zscore > 0 and "
@@ -423,7 +470,8 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
         optim=_pick(OptimizerConfig, ns),
         training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip)),
         checkpoint=_pick(CheckpointConfig, ns),
-        data=_pick(DataArgs, ns),
+        data=_pick(DataArgs, ns, data_path=tuple(ns.data_path),
+                   domain_weights=_domain_weights(ns.domain_weights)),
         stability=_pick(StabilityConfig, ns),
         logging=_pick(LoggingConfig, ns),
     )
@@ -433,8 +481,8 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> 
     """Parse and validate; on a bad flag print one line and exit with status 2."""
     parser = build_parser()
     ns = parser.parse_args(argv)
-    cfg = config_from_namespace(ns, world_size or world_size_from_env())
     try:
+        cfg = config_from_namespace(ns, world_size or world_size_from_env())
         validate(cfg)
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

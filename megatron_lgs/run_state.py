@@ -22,6 +22,7 @@ class RunState:
     data_fingerprint: str = ""
     scheduler: dict = field(default_factory=dict)
     stability: dict = field(default_factory=dict)
+    data_mix: dict = field(default_factory=dict)  # every window's domain weights so far
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from data_pipeline.mixing import MixingConfig, MixingSchedule
 from megatron_lgs import checkpointing, data, initialize, memory, metrics, stability
 from megatron_lgs.arguments import Config, ConfigError, fail
 from megatron_lgs.exit_conditions import ExitConditions
@@ -42,6 +43,11 @@ class Datasets:
     valid: torch.utils.data.Dataset
     vocab_size: int
     fingerprint: str
+    # The train blend's per-window domain weights, and one validation set per domain; both
+    # only where the weights can change (--data-mix dynamic).
+    schedule: MixingSchedule | None = None
+    valid_by_domain: dict[str, torch.utils.data.Dataset] = dataclasses.field(
+        default_factory=dict)
 
 
 DatasetsProvider = Callable[[Config], Datasets]
@@ -120,6 +126,8 @@ class Trainer:
                                                self.scheduler)
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
+            if self.datasets.schedule is not None and self.state.data_mix:
+                self.datasets.schedule.load_state_dict(self.state.data_mix)
         return loaded
 
     def _log_setup(self) -> None:
@@ -193,28 +201,48 @@ class Trainer:
                         f"{iteration} will be skipped")
         return True
 
-    def evaluate(self) -> float | None:
-        """The same validation batches every time, so evaluations compare like with like."""
+    def _eval_loss(self, dataset: torch.utils.data.Dataset) -> float:
+        """Loss over the first --eval-iters global batches: the same ones every time."""
         t = self.cfg.training
-        if t.eval_iters == 0:
-            return None
         micro = data.eval_micro_batches(t.eval_iters, t.global_batch_size, t.micro_batch_size,
                                         self.dp_rank, self.dp_size)
         self.model.eval()
         with torch.no_grad():
             losses = self.forward_backward(
                 forward_step_func=self.forward_step,
-                data_iterator=data.fixed_batches(self.datasets.valid, micro),
+                data_iterator=data.fixed_batches(dataset, micro),
                 model=[self.model], num_microbatches=len(micro),
                 seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
                 forward_only=True)
         self.model.train()
-        loss = _reduce_loss(losses)
+        return _reduce_loss(losses)
+
+    def evaluate(self) -> float | None:
+        if self.cfg.training.eval_iters == 0:
+            return None
+        loss = self._eval_loss(self.datasets.valid)
         print_rank_last(metrics.validation_log_line(self.state.iteration, loss))
         self.metrics_file.write(event="valid", iteration=self.state.iteration, loss=loss)
         if self.sinks:
             self.sinks.add({"validation lm loss": loss}, self.state.iteration)
         return loss
+
+    def update_data_mix(self) -> None:
+        """--data-mix dynamic: per-domain validation losses set the weights of the next window,
+        which starts at the next sample; the window history is part of the run state."""
+        d, s, schedule = self.cfg.data, self.state, self.datasets.schedule
+        losses = {name: self._eval_loss(ds) for name, ds in self.datasets.valid_by_domain.items()}
+        weights = schedule.update(s.consumed_train_samples, losses, MixingConfig(
+            eta=d.data_mix_eta, floor=d.data_mix_floor, smoothing=d.data_mix_smoothing))
+        s.data_mix = schedule.state_dict()
+        record = {**{f"weight.{n}": w for n, w in zip(schedule.domains, weights, strict=True)},
+                  **{f"loss.{n}": v for n, v in losses.items()}}
+        print_rank_last(" data mix from sample " f"{s.consumed_train_samples}: " + ", ".join(
+            f"{n} {w:.3f} (valid loss {losses[n]:.3f})"
+            for n, w in zip(schedule.domains, weights, strict=True)))
+        self.metrics_file.write(event="data_mix", iteration=s.iteration, **record)
+        if self.sinks:
+            self.sinks.add({f"data mix/{k}": v for k, v in record.items()}, s.iteration)
 
     def save(self) -> None:
         path = checkpointing.save_checkpoint(self.cfg.checkpoint, self.state, self.model,
@@ -261,13 +289,16 @@ class Trainer:
             self.metrics_file.write(
                 event="train", iteration=s.iteration, loss=result.loss, lr=lr,
                 grad_norm=result.grad_norm, skipped=not result.applied, reason=result.reason,
-                loss_scale=self.optimizer.get_loss_scale().item())
+                loss_scale=self.optimizer.get_loss_scale().item(), **self._mix_weights())
 
             if s.iteration % t.log_interval == 0:
                 self._log_interval(interval, result, lr)
                 interval = metrics.IntervalStats()
             if s.iteration % t.eval_interval == 0 or s.iteration == t.train_iters:
                 self.evaluate()
+            if self.datasets.valid_by_domain and s.iteration % c.data.data_mix_interval == 0:
+                self.update_data_mix()
+                batches = self._batches()  # loader workers hold the dataset as it was
             stop = self.exit_conditions.reason()
             if stop is None and t.exit_interval and s.iteration % t.exit_interval == 0:
                 stop = "--exit-interval"
@@ -281,6 +312,14 @@ class Trainer:
         if self.sinks:
             self.sinks.close()
         return s
+
+    def _mix_weights(self) -> dict[str, float]:
+        """The domain weights the last iteration's samples were drawn with."""
+        schedule = self.datasets.schedule
+        if schedule is None or len(schedule.domains) < 2:
+            return {}
+        weights = schedule.weights_at(self.state.consumed_train_samples - 1)
+        return {f"weight.{n}": w for n, w in zip(schedule.domains, weights, strict=True)}
 
     def _log_memory(self) -> None:
         per_rank = memory.gather_memory(self.model, self.optimizer)
