@@ -56,7 +56,8 @@ def datasets_provider(cfg: Config) -> Datasets:
     from data_pipeline.shard_reader import DocumentStore
 
     d = cfg.data
-    loader = LoaderConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed)
+    loader = LoaderConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed,
+                          eod_mask_loss=d.eod_mask_loss)
     try:
         try:
             if dist.get_rank() == 0 and not d.data_path:

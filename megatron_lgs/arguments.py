@@ -149,6 +149,7 @@ class DataArgs:
     data_path: tuple[str, ...] = ()
     domain_weights: tuple[tuple[str, float], ...] = ()  # per-domain form: code=0.7 prose=0.3
     vocab_size: int = 4096  # size of the BPE vocabulary trained on the embedded corpus
+    eod_mask_loss: bool = False  # Megatron-LM's default: predict the end-of-document token too
     data_cache_dir: str = ".cache/data"
     num_workers: int = 0
     data_mix: str = "static"  # dynamic: per-domain validation loss drives the weights
@@ -317,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--data-mix-floor", d.data_mix_floor)
     _add(g, "--data-mix-smoothing", d.data_mix_smoothing)
     _add(g, "--vocab-size", d.vocab_size)
+    _add(g, "--eod-mask-loss", d.eod_mask_loss, help="no loss on end-of-document tokens")
     _add(g, "--data-cache-dir", d.data_cache_dir)
     _add(g, "--num-workers", d.num_workers)
     return p
