@@ -1,0 +1,201 @@
+"""Alpha-beta cost model of NCCL-style collectives, per link, and named hardware profiles.
+
+Every time is a *prediction* from the model t = hops * alpha + bytes_on_the_wire / bandwidth,
+where `bandwidth` is the bus bandwidth of the link (what `nccl-tests` reports as busbw), so
+that the ring formulas below reproduce NCCL's own accounting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of the network: per-hop latency (s) and bus bandwidth (bytes/s)."""
+
+    alpha_s: float
+    bandwidth_Bps: float
+
+    def __post_init__(self) -> None:
+        if self.alpha_s < 0 or not math.isfinite(self.alpha_s):
+            raise ValueError(f"Link.alpha_s must be finite and >= 0, got {self.alpha_s}")
+        if self.bandwidth_Bps <= 0 or not math.isfinite(self.bandwidth_Bps):
+            raise ValueError(f"Link.bandwidth_Bps must be finite and > 0, got {self.bandwidth_Bps}")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A GPU type and its two network levels; `source` says where the constants come from."""
+
+    name: str
+    intra: Link
+    inter: Link
+    gpus_per_node: int
+    peak_flops: float
+    memory_bytes: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.peak_flops <= 0 or self.memory_bytes <= 0:
+            raise ValueError("peak_flops and memory_bytes must be > 0")
+
+
+def _check(p: int, n: float) -> None:
+    if p < 1:
+        raise ValueError(f"group size must be >= 1, got {p}")
+    if n < 0:
+        raise ValueError(f"message size must be >= 0 bytes, got {n}")
+
+
+def ring_allreduce_time(n: float, p: int, link: Link) -> float:
+    """Ring all-reduce of n bytes over p ranks: 2(p-1) alpha + 2(p-1)/p n/B."""
+    _check(p, n)
+    return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * n / link.bandwidth_Bps
+
+
+def reduce_scatter_time(n: float, p: int, link: Link) -> float:
+    """Ring reduce-scatter of n bytes (input size) over p ranks: (p-1) alpha + (p-1)/p n/B."""
+    _check(p, n)
+    return (p - 1) * link.alpha_s + (p - 1) / p * n / link.bandwidth_Bps
+
+
+def all_gather_time(n: float, p: int, link: Link) -> float:
+    """Ring all-gather producing n bytes on each of p ranks: same cost as reduce-scatter."""
+    return reduce_scatter_time(n, p, link)
+
+
+def tree_allreduce_time(n: float, p: int, link: Link) -> float:
+    """Tree all-reduce: 2 log2(p) alpha + 2 n/B.
+
+    Model: a reduce up a binary tree followed by a broadcast down it, each pipelined in small
+    chunks (as NCCL's double binary tree does), so latency grows with the depth log2(p) in
+    each phase while every rank sends and receives the whole message once per phase.
+    """
+    _check(p, n)
+    if p == 1:
+        return 0.0
+    return 2 * math.log2(p) * link.alpha_s + 2 * n / link.bandwidth_Bps
+
+
+def nccl_allreduce_busbw(algbw_Bps: float, p: int) -> float:
+    """NCCL's bus bandwidth of an all-reduce: busbw = algbw x 2(p-1)/p (algbw = n / time)."""
+    if p < 1:
+        raise ValueError(f"group size must be >= 1, got {p}")
+    return algbw_Bps * 2 * (p - 1) / p
+
+
+@dataclass(frozen=True)
+class HierarchicalCost:
+    """Time of one bucket's two-level reduction and how it splits across the levels."""
+
+    intra_s: float
+    inter_s: float
+    inter_messages: int
+
+    @property
+    def total_s(self) -> float:
+        return self.intra_s + self.inter_s
+
+
+def hierarchical_allreduce(
+    n: float,
+    g: int,
+    m: int,
+    hw: HardwareProfile,
+    inter_message_cap: float | None = None,
+    all_gather: bool = True,
+) -> HierarchicalCost:
+    """Two-level reduction of an n-byte bucket over g ranks per node x m nodes.
+
+    Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard, then an
+    intra-node all-gather of n (skipped with the distributed optimizer, which owns the shard).
+    `inter_message_cap` splits the inter-node part into ceil((n/g)/cap) equal all-reduces:
+    each extra message pays the inter latency again but no extra bandwidth term. That is the
+    only thing the cap does in an alpha-beta model; its benefit (bounded NIC queues, less
+    incast) is outside the model, so a pure prediction never *prefers* a small cap.
+    """
+    _check(g, n)
+    _check(m, n)
+    if inter_message_cap is not None and inter_message_cap <= 0:
+        raise ValueError(f"inter_message_cap must be > 0 bytes, got {inter_message_cap}")
+    intra = reduce_scatter_time(n, g, hw.intra)
+    if all_gather:
+        intra += all_gather_time(n, g, hw.intra)
+    shard = n / g
+    if m == 1 or shard == 0:
+        return HierarchicalCost(intra, 0.0, 0)
+    k = 1 if inter_message_cap is None else max(1, math.ceil(shard / inter_message_cap))
+    inter = k * ring_allreduce_time(shard / k, m, hw.inter)
+    return HierarchicalCost(intra, inter, k)
+
+
+# Constants: link figures from ../shared/REFERENCE.md ("Typical links"); peak FLOP/s and memory
+# from NVIDIA's A100 / H100 / H200 SXM data sheets (dense BF16, no sparsity).
+_NVLINK_ALPHA_S = 3e-6  # REFERENCE.md: "a few us per hop" on NVLink
+_IB_ALPHA_S = 15e-6  # REFERENCE.md: "~10-20 us per hop" on InfiniBand; midpoint
+
+PROFILES: dict[str, HardwareProfile] = {
+    "a100-hdr": HardwareProfile(
+        name="a100-hdr",
+        intra=Link(_NVLINK_ALPHA_S, 300 * GB),  # REFERENCE.md: A100 NVLink ~300 GB/s bus bw
+        inter=Link(_IB_ALPHA_S, 24 * GB),  # REFERENCE.md: HDR 200 Gb/s ~24 GB/s per NIC
+        gpus_per_node=8,
+        peak_flops=312e12,  # A100 SXM data sheet: 312 TFLOP/s BF16 dense
+        memory_bytes=80 * GB,  # A100 80GB SXM
+        source="REFERENCE.md links (NVLink ~300 GB/s, HDR ~24 GB/s/NIC); NVIDIA A100 data sheet",
+    ),
+    "h100-ndr": HardwareProfile(
+        name="h100-ndr",
+        intra=Link(_NVLINK_ALPHA_S, 370 * GB),  # REFERENCE.md: H100 NVLink ~370 GB/s bus bw
+        inter=Link(_IB_ALPHA_S, 47 * GB),  # REFERENCE.md: NDR 400 Gb/s ~46-48 GB/s per NIC
+        gpus_per_node=8,
+        peak_flops=989e12,  # H100 SXM data sheet: 989 TFLOP/s BF16 dense
+        memory_bytes=80 * GB,
+        source="REFERENCE.md links (NVLink ~370 GB/s, NDR ~46-48 GB/s/NIC); NVIDIA H100 data sheet",
+    ),
+    "h200-ndr": HardwareProfile(
+        name="h200-ndr",
+        intra=Link(_NVLINK_ALPHA_S, 370 * GB),  # same NVLink 4 / NVSwitch fabric as H100
+        inter=Link(_IB_ALPHA_S, 47 * GB),  # REFERENCE.md: NDR 400 Gb/s ~46-48 GB/s per NIC
+        gpus_per_node=8,
+        peak_flops=990e12,  # REFERENCE.md: H200 bf16 dense peak ~990 TFLOP/s
+        memory_bytes=141 * GB,  # H200 data sheet: 141 GB HBM3e
+        source="REFERENCE.md (H200 ~990 TFLOP/s, NDR ~46-48 GB/s/NIC); NVIDIA H200 data sheet",
+    ),
+}
+
+
+def custom(
+    intra_bw_GBps: float,
+    inter_bw_GBps: float,
+    intra_alpha_us: float = 3.0,
+    inter_alpha_us: float = 15.0,
+    gpus_per_node: int = 8,
+    peak_tflops: float = 312.0,
+    memory_GB: float = 80.0,
+    name: str = "custom",
+) -> HardwareProfile:
+    """A profile from user-given numbers (bus bandwidths in GB/s, latencies in us)."""
+    return HardwareProfile(
+        name=name,
+        intra=Link(intra_alpha_us * 1e-6, intra_bw_GBps * GB),
+        inter=Link(inter_alpha_us * 1e-6, inter_bw_GBps * GB),
+        gpus_per_node=gpus_per_node,
+        peak_flops=peak_tflops * 1e12,
+        memory_bytes=memory_GB * GB,
+        source="user-supplied numbers",
+    )
+
+
+def get_profile(name: str) -> HardwareProfile:
+    """A named profile; a clear error lists the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware profile {name!r}; known: {sorted(PROFILES)}") from None

@@ -1,0 +1,190 @@
+"""Replay an LGS bucket plan on a predicted backward timeline (one training step).
+
+How the step is modelled (all times are predictions):
+
+- Pipeline: 1F1B with per-stage forward/backward times tf_k, tb_k per micro-batch; all
+  compute ends at T = sum_k (tf_k + tb_k) + (M - 1) max_k (tf_k + tb_k). The last micro-batch's
+  backward flows from the last stage to stage 0, so stage k's last backward ends at
+  T - sum_{j<k} tb_j: stage 0 ends last and later stages get slack. P2P sends are not modelled.
+- Gradients fire on the last micro-batch only (earlier ones run under no_sync); each op's
+  gradients are ready when the op ends. Buckets fill in backward order per gradient group
+  (dense / expert, as Megatron keeps separate buffers), close once their bytes reach the intra
+  threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
+- Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
+  capping inter-node message size; one communication channel per GPU, FIFO, overlapping compute
+  without slowing it.
+- Step time = max over stages of when that stage's gradients are synchronized; so the first
+  stage's DP traffic is the critical one unless a later stage's traffic outlasts its slack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
+from megatron_lgs.lgs.workload import (
+    BackwardOp,
+    Layout,
+    ModelConfig,
+    forward_flops,
+    stage_backward,
+)
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    intra_bytes: int
+    inter_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.intra_bytes <= 0 or self.inter_bytes <= 0:
+            raise ValueError(f"thresholds must be > 0 bytes, got {self}")
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class BucketEvent:
+    group: str
+    tensors: tuple[str, ...]
+    nbytes: int
+    ready_s: float
+    start_s: float
+    end_s: float
+    inter_messages: int
+
+
+@dataclass(frozen=True)
+class StageTimeline:
+    stage: int
+    busy_s: float
+    ops: tuple[Span, ...]
+    buckets: tuple[BucketEvent, ...]
+    backward_end_s: float
+    synced_s: float
+    peak_inflight_bytes: int
+
+    @property
+    def comm_s(self) -> float:
+        return sum(b.end_s - b.start_s for b in self.buckets)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    thresholds: Thresholds
+    step_time_s: float
+    compute_end_s: float
+    exposed_comm_s: float
+    comm_s: float
+    comm_fraction: float
+    gpu_idle_fraction: float
+    peak_inflight_bytes: int
+    num_collectives: int
+    critical_stage: int
+    stages: tuple[StageTimeline, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything fixed across threshold choices: model, layout, hardware, efficiency."""
+
+    model: ModelConfig
+    layout: Layout
+    hw: HardwareProfile
+    efficiency: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+
+
+def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds
+             ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
+    """Op spans and closed buckets (group, tensor names, bytes, ready time)."""
+    rate = w.hw.peak_flops * w.efficiency
+    gb = w.layout.grad_bytes
+    spans: list[Span] = []
+    closed: list[tuple[str, list[str], int, float]] = []
+    open_: dict[str, tuple[list[str], int]] = {}
+    t = start
+    for op in ops:
+        end = t + op.flops / rate
+        spans.append(Span(op.name, t, end))
+        for g in op.grads:
+            names, nbytes = open_.get(g.group, ([], 0))
+            names, nbytes = names + [g.name], nbytes + g.numel * gb
+            if nbytes >= th.intra_bytes:
+                closed.append((g.group, names, nbytes, end))
+                open_.pop(g.group, None)
+            else:
+                open_[g.group] = (names, nbytes)
+        t = end
+    for group, (names, nbytes) in open_.items():
+        closed.append((group, names, nbytes, t))
+    closed.sort(key=lambda b: b[3])
+    return spans, closed
+
+
+def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
+           th: Thresholds) -> StageTimeline:
+    spans, closed = _buckets(ops, bwd_start, w, th)
+    lay = w.layout
+    free = bwd_start
+    events: list[BucketEvent] = []
+    for group, names, nbytes, ready in closed:
+        g, m = lay.group_shape(group)
+        cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
+                                      all_gather=not lay.distributed_optimizer)
+        start = max(ready, free)
+        free = start + cost.total_s
+        events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
+                                  cost.inter_messages))
+    bwd_end = spans[-1].end_s if spans else bwd_start
+    # Unsynchronized bytes: +grad bytes when its op ends, -bucket bytes when its collective ends.
+    deltas = [(s.end_s, sum(g.numel for g in op.grads) * lay.grad_bytes)
+              for s, op in zip(spans, ops, strict=True)]
+    deltas += [(e.end_s, -e.nbytes) for e in events]
+    level = peak = 0
+    for _, d in sorted(deltas, key=lambda x: (x[0], x[1])):
+        level += d
+        peak = max(peak, level)
+    return StageTimeline(stage, busy, tuple(spans), tuple(events), bwd_end,
+                         max(bwd_end, free), peak)
+
+
+def predict_step(w: Workload, th: Thresholds) -> StepPrediction:
+    """Predicted timeline of one step with thresholds `th` (see the module docstring)."""
+    lay = w.layout
+    rate = w.hw.peak_flops * w.efficiency
+    stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
+    tb = [sum(op.flops for op in ops) / rate for ops in stage_ops]
+    tf = [forward_flops(ops) / rate for ops in stage_ops]
+    per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
+    compute_end = sum(per_mb) + (lay.num_micro_batches - 1) * max(per_mb)
+    stages = []
+    for k, ops in enumerate(stage_ops):
+        bwd_end = compute_end - sum(tb[:k])
+        busy = lay.num_micro_batches * per_mb[k]
+        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, th))
+    crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
+    step = crit.synced_s
+    return StepPrediction(
+        thresholds=th,
+        step_time_s=step,
+        compute_end_s=compute_end,
+        exposed_comm_s=step - compute_end,
+        comm_s=crit.comm_s,
+        comm_fraction=crit.comm_s / step,
+        gpu_idle_fraction=1 - crit.busy_s / step,
+        peak_inflight_bytes=max(s.peak_inflight_bytes for s in stages),
+        num_collectives=sum(len(s.buckets) for s in stages),
+        critical_stage=crit.stage,
+        stages=tuple(stages),
+    )

@@ -1,0 +1,183 @@
+"""What one GPU computes and synchronizes: per-stage backward ops, gradient tensors, states.
+
+Conventions (Megatron): TP is the innermost rank dimension, then DP, then PP; experts are
+sharded EP-ways with expert-TP `etp`, their gradients reduced over the expert-DP group
+(tp*dp/(ep*etp) ranks). Linear layers are bias-free; routing is assumed balanced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DENSE = "dense"
+EXPERT = "expert"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT (num_experts == 0) or MoE transformer."""
+
+    num_layers: int
+    hidden: int
+    ffn_hidden: int
+    num_heads: int
+    vocab: int
+    seq_length: int = 2048
+    num_query_groups: int | None = None
+    swiglu: bool = False
+    num_experts: int = 0
+    moe_topk: int = 2
+    moe_ffn_hidden: int | None = None
+    untie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden", "ffn_hidden", "num_heads", "vocab", "seq_length"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"ModelConfig.{f} must be >= 1, got {getattr(self, f)}")
+        if self.hidden % self.num_heads:
+            raise ValueError(f"hidden {self.hidden} not divisible by heads {self.num_heads}")
+        bad_topk = self.num_experts and not 1 <= self.moe_topk <= self.num_experts
+        if self.num_experts < 0 or bad_topk:
+            raise ValueError("need num_experts >= 0 and 1 <= moe_topk <= num_experts")
+
+    @property
+    def kv_dim(self) -> int:
+        groups = self.num_query_groups or self.num_heads
+        return self.hidden * groups // self.num_heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout, batch schedule and precision of the run."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    etp: int = 1
+    gpus_per_node: int = 8
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    param_bytes: int = 2
+    # Megatron accumulates and reduces bf16 gradients in fp32 by default.
+    grad_bytes: int = 4
+    distributed_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dp", "ep", "etp", "gpus_per_node", "micro_batch_size",
+                  "num_micro_batches", "param_bytes", "grad_bytes"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"Layout.{f} must be >= 1, got {getattr(self, f)}")
+        if (self.tp * self.dp) % (self.ep * self.etp):
+            raise ValueError(f"ep*etp={self.ep * self.etp} must divide tp*dp={self.tp * self.dp}")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        return self.tp * self.dp // (self.ep * self.etp)
+
+    def group_shape(self, group: str) -> tuple[int, int]:
+        """(ranks of this gradient group per node g, nodes m) for a DP or expert-DP group."""
+        size, inner = (self.dp, self.tp) if group == DENSE else (self.expert_dp, self.ep * self.etp)
+        g = max(1, min(size, self.gpus_per_node // inner))
+        if size % g:
+            raise ValueError(f"{group} DP group of {size} does not split into nodes of {g} ranks")
+        return g, size // g
+
+
+@dataclass(frozen=True)
+class GradTensor:
+    name: str
+    numel: int
+    group: str
+
+
+@dataclass(frozen=True)
+class BackwardOp:
+    """One backward op on one GPU, its FLOPs, and the gradients ready when it ends."""
+
+    name: str
+    flops: float
+    grads: tuple[GradTensor, ...]
+
+
+def _layer_backward(model: ModelConfig, lay: Layout, i: int) -> list[BackwardOp]:
+    h, t = model.hidden, lay.tp
+    tok = lay.micro_batch_size * model.seq_length
+    mlp_mats = 3 if model.swiglu else 2
+    fc1_width = 2 if model.swiglu else 1
+    p = f"layer{i}."
+    ops: list[BackwardOp] = []
+    if model.num_experts:
+        ffn = model.expert_ffn
+        local = model.num_experts // lay.ep
+        experts = tuple(
+            GradTensor(f"{p}expert{e}.{w}", h * ffn * k // lay.etp, EXPERT)
+            for e in range(local) for w, k in (("fc2", 1), ("fc1", fc1_width))
+        )
+        # Backward is 2x forward; balanced routing spreads topk expert FLOPs over the TP group.
+        mlp_flops = 2 * 2 * tok * h * ffn * mlp_mats * model.moe_topk / t
+        ops.append(BackwardOp(f"{p}experts", mlp_flops, experts))
+        router = GradTensor(f"{p}router", h * model.num_experts, DENSE)
+        ops.append(BackwardOp(f"{p}router", 2 * 2 * tok * h * model.num_experts / t, (router,)))
+    else:
+        ffn = model.ffn_hidden
+        ops.append(BackwardOp(f"{p}fc2", 2 * 2 * tok * h * ffn / t,
+                              (GradTensor(f"{p}fc2", h * ffn // t, DENSE),)))
+        ops.append(BackwardOp(f"{p}fc1", 2 * 2 * tok * h * ffn * fc1_width / t,
+                              (GradTensor(f"{p}fc1", h * ffn * fc1_width // t, DENSE),
+                               GradTensor(f"{p}ln2", h, DENSE))))
+    ops.append(BackwardOp(f"{p}proj", 2 * 2 * tok * h * h / t,
+                          (GradTensor(f"{p}proj", h * h // t, DENSE),)))
+    # QK^T and AV, counted over the full (not causal-halved) score matrix, as Megatron does.
+    ops.append(BackwardOp(f"{p}core_attn", 2 * 4 * tok * model.seq_length * h / t, ()))
+    qkv = h * (h + 2 * model.kv_dim)
+    ops.append(BackwardOp(f"{p}qkv", 2 * 2 * tok * qkv / t,
+                          (GradTensor(f"{p}qkv", qkv // t, DENSE),
+                           GradTensor(f"{p}ln1", h, DENSE))))
+    return ops
+
+
+def stage_backward(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
+    """Backward ops of one pipeline stage for one micro-batch, in execution order."""
+    if model.num_layers % lay.pp:
+        raise ValueError(f"num_layers {model.num_layers} not divisible by pp {lay.pp}")
+    if model.num_experts % lay.ep:
+        raise ValueError(f"num_experts {model.num_experts} not divisible by ep {lay.ep}")
+    if not 0 <= stage < lay.pp:
+        raise ValueError(f"stage {stage} outside [0, {lay.pp})")
+    per = model.num_layers // lay.pp
+    h, tok = model.hidden, lay.micro_batch_size * model.seq_length
+    emb = model.vocab * h // lay.tp
+    ops: list[BackwardOp] = []
+    if stage == lay.pp - 1:
+        out = (GradTensor("output", emb, DENSE),) if model.untie_embeddings or lay.pp > 1 else ()
+        ops.append(BackwardOp("output", 2 * 2 * tok * h * model.vocab / lay.tp,
+                              out + (GradTensor("final_ln", h, DENSE),)))
+    for i in reversed(range(stage * per, (stage + 1) * per)):
+        ops.extend(_layer_backward(model, lay, i))
+    if stage == 0:
+        # The embedding gradient is a scatter-add: negligible FLOPs, ready last.
+        ops.append(BackwardOp("embedding", 0.0, (GradTensor("embedding", emb, DENSE),)))
+    return ops
+
+
+def forward_flops(ops: list[BackwardOp]) -> float:
+    """Forward FLOPs of a stage: half of its backward (no recomputation)."""
+    return sum(op.flops for op in ops) / 2
+
+
+def stage_numel(ops: list[BackwardOp]) -> dict[str, int]:
+    """Parameter count per gradient group held by one GPU of the stage."""
+    out = {DENSE: 0, EXPERT: 0}
+    for op in ops:
+        for g in op.grads:
+            out[g.group] += g.numel
+    return out

@@ -1,0 +1,142 @@
+"""Step-simulator invariants, the memory wall, the CLI, and the seed's 100B / 128-GPU case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_lgs.lgs import (
+    Layout,
+    ModelConfig,
+    Thresholds,
+    Workload,
+    custom,
+    get_profile,
+    memory_wall,
+    predict_step,
+)
+from megatron_lgs.lgs.simulate import GRID_MB, PRESETS, explain, main, sweep
+from megatron_lgs.lgs.timeline import MB
+from megatron_lgs.lgs.workload import stage_backward
+
+SMALL = ModelConfig(num_layers=8, hidden=1024, ffn_hidden=4096, num_heads=16, vocab=8192,
+                    seq_length=1024)
+SMALL_LAYOUT = Layout(tp=2, pp=2, dp=8, gpus_per_node=8, num_micro_batches=4)
+
+
+def small(hw_name: str = "a100-hdr", **lay: int) -> Workload:
+    from dataclasses import replace
+
+    return Workload(SMALL, replace(SMALL_LAYOUT, **lay), get_profile(hw_name))
+
+
+def test_bigger_buckets_fewer_collectives_and_exposed_below_comm() -> None:
+    w = small()
+    counts = [predict_step(w, Thresholds(t * MB, 32 * MB)).num_collectives for t in GRID_MB]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+    for t in GRID_MB:
+        p = predict_step(w, Thresholds(t * MB, t * MB))
+        crit = p.stages[p.critical_stage]
+        assert 0 <= p.exposed_comm_s <= crit.comm_s + 1e-12
+        assert 0 <= p.comm_fraction <= 1 and 0 <= p.gpu_idle_fraction < 1
+
+
+def test_every_tensor_in_exactly_one_bucket_and_never_split() -> None:
+    w = small()
+    p = predict_step(w, Thresholds(8 * MB, 8 * MB))
+    for s in p.stages:
+        names = [g.name for op in stage_backward(w.model, w.layout, s.stage) for g in op.grads]
+        bucketed = [n for b in s.buckets for n in b.tensors]
+        assert sorted(bucketed) == sorted(names)
+    # fc1 (1024 x 4096 / tp2 x 4 B = 8 MB) already reaches the threshold: a bucket of its own.
+    assert any(b.tensors[0].endswith("fc1") and b.nbytes >= 8 * MB for b in p.stages[0].buckets)
+
+
+def test_tiny_bandwidth_makes_comm_dominate() -> None:
+    hw = custom(intra_bw_GBps=0.01, inter_bw_GBps=0.001, peak_tflops=312)
+    p = predict_step(Workload(SMALL, SMALL_LAYOUT, hw), Thresholds(64 * MB, 64 * MB))
+    assert p.comm_fraction > 0.95
+
+
+def test_gradients_fire_only_after_last_microbatch_backward_of_their_layer() -> None:
+    w = small(num_micro_batches=6)
+    one = predict_step(small(num_micro_batches=1), Thresholds(16 * MB, 16 * MB))
+    many = predict_step(w, Thresholds(16 * MB, 16 * MB))
+    shift = many.compute_end_s - one.compute_end_s
+    assert shift > 0
+    for s1, s6 in zip(one.stages, many.stages, strict=True):
+        ops = stage_backward(w.model, w.layout, s6.stage)
+        ready_at = {g.name: span.end_s for op, span in zip(ops, s6.ops, strict=True)
+                    for g in op.grads}
+        last_bwd_start = s6.ops[0].start_s
+        assert last_bwd_start >= 5 * s6.busy_s / 6 - 1e-9  # after five earlier micro-batches
+        for b in s6.buckets:
+            assert b.start_s >= b.ready_s >= last_bwd_start
+            assert all(b.ready_s >= ready_at[n] for n in b.tensors)
+        # Extra micro-batches only delay the timeline; they add no collectives.
+        assert [b.ready_s + shift for b in s1.buckets] == pytest.approx(
+            [b.ready_s for b in s6.buckets])
+
+
+def test_moe_preset_has_expert_buckets() -> None:
+    model, lay = PRESETS["gpt-100b-moe"]
+    p = predict_step(Workload(model, lay, get_profile("h100-ndr")), Thresholds(64 * MB, 32 * MB))
+    assert {b.group for s in p.stages for b in s.buckets} == {"dense", "expert"}
+
+
+def test_memory_wall() -> None:
+    lay = Layout(tp=1, pp=1, dp=4, num_micro_batches=1)
+    wall = memory_wall(SMALL, lay, memory_bytes=80e9)
+    n = sum(g.numel for op in stage_backward(SMALL, lay, 0) for g in op.grads)
+    assert wall.states_bytes == pytest.approx(n * (2 + 4) + 12 * n / 4)
+    assert wall.largest_threshold_bytes == pytest.approx(wall.headroom_bytes / 2)
+    assert wall.largest_on_grid([m * MB for m in GRID_MB]) == 256 * MB
+    tight = memory_wall(SMALL, lay, memory_bytes=wall.states_bytes)
+    assert tight.largest_threshold_bytes == 0 and tight.largest_on_grid([8 * MB]) is None
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="divide"):
+        Layout(tp=2, dp=3, ep=4)
+    with pytest.raises(ValueError, match="thresholds"):
+        Thresholds(0, MB)
+    with pytest.raises(ValueError, match="divisible by pp"):
+        predict_step(small(pp=3), Thresholds(MB, MB))
+
+
+def test_cli_writes_heatmap_and_chrome_trace(tmp_path, capsys) -> None:
+    main(["--preset", "gpt-10b", "--num-layers", "4", "--grid-mb", "16,64",
+          "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "PREDICTION" in out and "best (predicted)" in out and "memory wall" in out
+    assert (tmp_path / "lgs_heatmap.png").stat().st_size > 0
+    trace = json.loads((tmp_path / "lgs_best_trace.json").read_text())
+    cats = {e.get("cat") for e in trace["traceEvents"]}
+    assert {"backward", "grad-sync"} <= cats
+
+
+def test_100b_on_128_a100_against_the_seed_range() -> None:
+    model, lay = PRESETS["gpt-100b"]
+    w = Workload(model, lay, get_profile("a100-hdr"))
+    r = sweep(w)
+    best = r.best
+    intra, inter = best.thresholds.intra_bytes // MB, best.thresholds.inter_bytes // MB
+    why = explain(w, r)
+    print(f"\n100B/128xA100 TP8 PP4 DP4 predicted optimum: intra {intra} MB, inter {inter} MB, "
+          f"step {best.step_time_s:.3f} s, exposed {best.exposed_comm_s * 1e3:.0f} ms")
+    for line in why:
+        print("why:", line)
+    in_seed_range = 128 <= intra <= 256 and 16 <= inter <= 64
+    if not in_seed_range:
+        # The model's reasons, checked rather than asserted blindly: DP is one rank per node
+        # under TP8, the sync outlasts the last backward, and only latency separates the cells.
+        assert lay.group_shape("dense") == (1, 4)
+        crit = best.stages[best.critical_stage]
+        assert crit.comm_s > crit.backward_end_s - crit.ops[0].start_s
+        assert any("TP fills the node" in x for x in why)
+    # Whatever the optimum, the seed's choice (128/32 on the grid) is predicted within 1%.
+    seed = next(p for p in r.predictions
+                if (p.thresholds.intra_bytes, p.thresholds.inter_bytes) == (128 * MB, 32 * MB))
+    assert seed.step_time_s <= best.step_time_s * 1.01
+    assert r.wall.largest_on_grid([g * MB for g in GRID_MB]) == 256 * MB
