@@ -33,10 +33,16 @@ class MicroBatchSampler(Sampler[list[int]]):
             start += self.global_batch_size
 
 
+def _fetch(dataset: Dataset, indices: list[int]) -> dict[str, torch.Tensor]:
+    """A micro-batch; datasets with `__getitems__` (as DataLoader uses) look up all at once."""
+    getitems = getattr(dataset, "__getitems__", None)
+    return collate(getitems(indices) if getitems else [dataset[i] for i in indices])
+
+
 def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
                        num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
     if num_workers == 0:
-        return (collate([dataset[i] for i in indices]) for indices in sampler)
+        return (_fetch(dataset, indices) for indices in sampler)
     # Samples need no worker seeds; a private generator keeps the DataLoader from drawing its
     # base seed from torch's global generator, which on CPU is also the dropout stream.
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
@@ -55,4 +61,4 @@ def eval_micro_batches(eval_iters: int, global_batch_size: int, micro_batch_size
 
 
 def fixed_batches(dataset: Dataset, batches: Sequence[list[int]]) -> Iterator[dict]:
-    return (collate([dataset[i] for i in indices]) for indices in batches)
+    return (_fetch(dataset, indices) for indices in batches)
