@@ -405,6 +405,9 @@ def validate(cfg: Config) -> None:
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:
         raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
                           f"than --seq-length ({m.seq_length})")
+    if o.optimizer == "sgd" and o.use_distributed_optimizer:
+        raise ConfigError("--use-distributed-optimizer supports only --optimizer adam in "
+                          "megatron-core 0.16.1")
     if o.overlap_param_gather and not o.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:

@@ -45,6 +45,9 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--lr-warmup-iters", "500", "--train-iters", "100"], 1, "warmup"),
     (["--lr-decay-style", "WSD"], 1, "--lr-wsd-decay-iters"),
     (["--sequence-parallel"], 1, "--sequence-parallel needs"),
+    (["--optimizer", "sgd", "--use-distributed-optimizer"], 1, "supports only --optimizer adam"),
+    (["--vocab-size", "100"], 1, "--vocab-size must be at least 257"),
+    (["--loss-spike-action", "rollback", "--no-save"], 1, "needs --save"),
 ])
 def test_bad_combinations_are_rejected(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
