@@ -14,6 +14,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Figures a test measured (e.g. dedup recall/precision), printed at the end of every run.
+_REPORTED: list[str] = []
+
+
+def report(line: str) -> None:
+    _REPORTED.append(line)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _REPORTED:
+        terminalreporter.section("measured by the tests")
+        for line in _REPORTED:
+            terminalreporter.write_line(line)
+
 # A model small enough that a step takes milliseconds, still a real megatron-core GPT.
 TINY_GPT = [
     "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",

@@ -6,6 +6,7 @@ import pytest
 from data_pipeline.dedup import BUCKET_WINDOW, candidate_pairs, near_duplicates
 from data_pipeline.minhash import MinHashConfig, signatures
 from data_pipeline.planted import dedup_quality, planted_corpus
+from tests.conftest import report
 
 
 @pytest.fixture(scope="module")
@@ -14,14 +15,15 @@ def planted():
     return corpus, signatures(corpus.texts, MinHashConfig())
 
 
+
 def run(planted, verify):
     corpus, sig = planted
     cfg = MinHashConfig(verify=verify)
     start = time.perf_counter()
     found = near_duplicates(sig, cfg, lambda rows: [corpus.texts[r] for r in rows])
     quality = dedup_quality(corpus, found.kept)
-    print(f"\n{verify} verification, 14x8 bands, threshold 0.8: {quality} "
-          f"[{found.candidate_pairs} candidates, {time.perf_counter() - start:.2f}s]")
+    report(f"dedup, {verify} verification, 14x8 bands, threshold 0.8: {quality} "
+           f"[{found.candidate_pairs} candidates, {time.perf_counter() - start:.2f}s]")
     return corpus, found, quality
 
 
