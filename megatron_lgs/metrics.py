@@ -32,19 +32,20 @@ class IntervalStats:
     iterations: int = 0
     loss_sum: float = 0.0
     nan_iterations: int = 0
+    finite: int = 0
     step_seconds: float = 0.0
 
-    def add(self, loss: float, step_seconds: float) -> None:
+    def add(self, loss: float, step_seconds: float, nan: bool) -> None:
+        """`loss` is NaN for a NaN step, and also for a step skipped without computing one."""
         self.iterations += 1
         self.step_seconds += step_seconds
+        self.nan_iterations += nan
         if math.isfinite(loss):
             self.loss_sum += loss
-        else:
-            self.nan_iterations += 1
+            self.finite += 1
 
     def mean_loss(self) -> float:
-        good = self.iterations - self.nan_iterations
-        return self.loss_sum / good if good else float("nan")
+        return self.loss_sum / self.finite if self.finite else float("nan")
 
 
 def training_log_line(*, iteration: int, train_iters: int, consumed_samples: int,

@@ -279,7 +279,7 @@ class Trainer:
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
             s.stability = self.monitor.state_dict()
-            interval.add(result.loss, time.perf_counter() - started)
+            interval.add(result.loss, time.perf_counter() - started, result.reason == "nan")
             if result.reason:
                 print_rank_last(f" iteration {iteration}: {result.reason}; update "
                                 f"{'applied' if result.applied else 'skipped'}")
