@@ -43,6 +43,17 @@ class ModelConfig:
     attention_dropout: float = 0.0
     make_vocab_size_divisible_by: int = 128
     transformer_impl: str = "auto"  # local on CPU, transformer_engine where TE runs
+    # Mixture of experts (dense when num_experts is unset).
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int = 2
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 1e-2  # Switch Transformer's
+    moe_z_loss_coeff: float | None = None
+    moe_expert_capacity_factor: float | None = None  # None: dropless
+    moe_token_drop_policy: str = "probs"
+    moe_token_dispatcher_type: str = "allgather"
+    moe_grouped_gemm: bool = False
 
     @property
     def ffn_size(self) -> int:
@@ -56,6 +67,7 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
 
     @property
@@ -222,11 +234,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--transformer-impl", m.transformer_impl,
          choices=["auto", "local", "transformer_engine"])
 
+    g = p.add_argument_group("mixture of experts")
+    _add(g, "--num-experts", m.num_experts, type=int)
+    _add(g, "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, type=int)
+    _add(g, "--moe-router-topk", m.moe_router_topk)
+    _add(g, "--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
+         choices=["aux_loss", "seq_aux_loss", "sinkhorn", "none"])
+    _add(g, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff)
+    _add(g, "--moe-z-loss-coeff", m.moe_z_loss_coeff, type=float)
+    _add(g, "--moe-expert-capacity-factor", m.moe_expert_capacity_factor, type=float)
+    _add(g, "--moe-token-drop-policy", m.moe_token_drop_policy, choices=["probs", "position"])
+    _add(g, "--moe-token-dispatcher-type", m.moe_token_dispatcher_type,
+         choices=["allgather", "alltoall"])
+    _add(g, "--moe-grouped-gemm", m.moe_grouped_gemm)
+
     g = p.add_argument_group("parallelism")
     _add(g, "--tensor-model-parallel-size", par.tensor_model_parallel_size)
     _add(g, "--pipeline-model-parallel-size", par.pipeline_model_parallel_size)
     _add(g, "--context-parallel-size", par.context_parallel_size)
     _add(g, "--expert-model-parallel-size", par.expert_model_parallel_size)
+    _add(g, "--expert-tensor-parallel-size", par.expert_tensor_parallel_size, type=int)
     _add(g, "--sequence-parallel", par.sequence_parallel)
 
     g = p.add_argument_group("precision")
@@ -392,6 +419,16 @@ def validate(cfg: Config) -> None:
     if par.world_size % (par.expert_model_parallel_size * tp * pp) and \
             par.expert_model_parallel_size > 1:
         raise ConfigError(f"world size ({par.world_size}) must be divisible by EP x TP x PP")
+    ep = par.expert_model_parallel_size
+    if m.num_experts is None and ep > 1:
+        raise ConfigError("--expert-model-parallel-size > 1 needs --num-experts")
+    if m.num_experts is not None:
+        if m.num_experts < 1 or m.num_experts % ep:
+            raise ConfigError(f"--num-experts ({m.num_experts}) must be a positive multiple of "
+                              f"--expert-model-parallel-size ({ep})")
+        if not 1 <= m.moe_router_topk <= m.num_experts:
+            raise ConfigError(f"--moe-router-topk ({m.moe_router_topk}) must be in 1.."
+                              f"{m.num_experts}")
     if m.num_layers % pp:
         raise ConfigError(f"--num-layers ({m.num_layers}) must be divisible by "
                           f"--pipeline-model-parallel-size ({pp})")

@@ -29,6 +29,14 @@ def check_platform(cfg: Config, platform: Platform) -> None:
             f"--transformer-impl transformer_engine: Transformer Engine cannot run here "
             f"({platform.te_error})"
         )
+    if cfg.model.moe_grouped_gemm and not platform.te_available:
+        raise ConfigError("--moe-grouped-gemm needs Transformer Engine's grouped GEMM, which "
+                          f"cannot run here ({platform.te_error}); experts run as separate MLPs "
+                          "without it")
+    if cfg.model.num_experts and cfg.model.add_bias_linear and not platform.te_available:
+        raise ConfigError("MoE experts with linear biases fail in megatron-core 0.16.1's local "
+                          "expert MLP (an in-place update of an autograd view); add "
+                          "--disable-bias-linear, as MoE configs usually do")
     if cfg.parallel.context_parallel_size > 1 and not platform.te_available:
         raise ConfigError(
             "--context-parallel-size > 1 needs Transformer Engine attention, which cannot run "
@@ -64,6 +72,7 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
         context_parallel_size=par.context_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=par.expert_tensor_parallel_size,
     )
 
 

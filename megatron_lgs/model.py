@@ -59,7 +59,18 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
         context_parallel_size=par.context_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,
+        num_moe_experts=m.num_experts,
+        moe_ffn_hidden_size=m.moe_ffn_hidden_size or (m.ffn_size if m.num_experts else None),
+        moe_router_topk=m.moe_router_topk,
+        moe_router_load_balancing_type=m.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=m.moe_aux_loss_coeff if m.num_experts else 0.0,
+        moe_z_loss_coeff=m.moe_z_loss_coeff,
+        moe_expert_capacity_factor=m.moe_expert_capacity_factor,
+        moe_token_drop_policy=m.moe_token_drop_policy,
+        moe_token_dispatcher_type=m.moe_token_dispatcher_type,
+        moe_grouped_gemm=m.moe_grouped_gemm,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=cfg.precision.bf16,
@@ -80,10 +91,14 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int) -> torch.nn.Mo
     """One model chunk for this rank's pipeline stage; in BF16/FP16 wrapped, as Megatron-LM
     does, in Float16Module, which casts inputs and outputs at the chunk's boundary."""
     config = transformer_config(cfg, platform)
+    m = cfg.model
     if use_transformer_engine(cfg, platform):
-        spec = get_gpt_layer_with_transformer_engine_spec()
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm)
     else:
-        spec = get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+        spec = get_gpt_layer_local_spec(num_experts=m.num_experts,
+                                        moe_grouped_gemm=m.moe_grouped_gemm,
+                                        normalization=m.normalization)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -99,7 +99,7 @@ def install() -> Platform:
     else:
         _install_cpu_patches()
         _PLATFORM = Platform(torch.device("cpu"), "gloo", False, te_error)
-    _install_torch_optimizer_fixes()
+    _install_no_te_fixes()
     return _PLATFORM
 
 
@@ -123,6 +123,9 @@ CPU_PATCHES: dict[str, str] = {
     "save, checkpoint load); on CPU the tensor is already where it belongs",
     "torch.Tensor.type": "the optimizers assert parameter type names 'torch.cuda.FloatTensor' / "
     "'torch.cuda.BFloat16Tensor'; the no-argument form reports the CUDA name for CPU tensors",
+    "token_dispatcher.maybe_move_tensor_to_cpu": "the MoE all-to-all dispatcher converts its "
+    "split sizes to numpy only when they sit on a GPU; gloo's all_to_all_single needs lists, "
+    "so CPU tensors asked for as numpy are converted too",
     "device='cuda' factories in megatron modules": "grad scaler, optimizer found-inf flags, "
     "grad-norm clipping, schedules and the causal mask create tensors with device='cuda'; those "
     "modules see a torch whose factories map a CUDA device to the CPU (_CUDA_FACTORY_MODULES)",
@@ -245,18 +248,29 @@ def _install_cpu_patches() -> None:
     # generator *is* the CPU generator, so every dropout would warn.
     logging.getLogger(random.__name__).setLevel(logging.ERROR)
 
+    dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+    to_cpu = dispatcher.maybe_move_tensor_to_cpu
+
+    def split_sizes_to_cpu(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    dispatcher.maybe_move_tensor_to_cpu = split_sizes_to_cpu
+
     torch_view = _torch_with_cpu_factories()
     for module_name in _CUDA_FACTORY_MODULES:
         importlib.import_module(module_name).torch = torch_view
 
 
 # --------------------------------------------------------------------------------------------
-# Fixes for megatron-core 0.16.1's distributed optimizer when it falls back to torch's AdamW
-# (neither Transformer Engine nor Apex importable: every CPU run, and GPU runs without TE).
-# These are megatron bugs, not CPU quirks; without them a resume is silently wrong.
+# Fixes for megatron-core 0.16.1 where it runs without Transformer Engine and Apex (every CPU
+# run, and GPU runs without TE): its distributed optimizer's fallback to torch's Adam, and the
+# MoE router. These are megatron bugs, not CPU quirks; without them a resume is silently wrong
+# and MoE does not run.
 # --------------------------------------------------------------------------------------------
 
-TORCH_OPTIMIZER_FIXES: dict[str, str] = {
+NO_TE_FIXES: dict[str, str] = {
     "DistributedOptimizer.state_dict before the first step": "reads 'step' from the inner "
     "AdamW state, which torch creates lazily, and asserts on the empty state; loading a "
     "checkpoint builds that state dict first. We create AdamW's zero state up front.",
@@ -265,6 +279,9 @@ TORCH_OPTIMIZER_FIXES: dict[str, str] = {
     "parameter), and the dp_reshardable shard copy then overwrites it with 0, so after a "
     "resume Adam's bias correction restarts. Each parameter gets its own tensor holding the "
     "step saved in the optimizer's param groups.",
+    "moe_utils.te_general_gemm undefined": "the MoE router's gating GEMM tests "
+    "`te_general_gemm is not None`, but the name is only bound when TE imports: NameError on "
+    "the first MoE forward. It is bound to None, selecting the torch GEMM path.",
     "DistributedOptimizer._set_main_param_and_optimizer_states outside no_grad": "copies the "
     "loaded fp32 weights in place into the main parameters, which for fp32 models are views of "
     "leaf parameters that require grad; autograd refuses. The copy runs under no_grad.",
@@ -283,7 +300,10 @@ def _init_adamw_state(optimizer: torch.optim.Optimizer) -> None:
                 }
 
 
-def _install_torch_optimizer_fixes() -> None:
+def _install_no_te_fixes() -> None:
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     distrib_optimizer = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return

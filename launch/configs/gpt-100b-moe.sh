@@ -1,6 +1,4 @@
 # GPT MoE ~100B total parameters on 128 GPUs (16 nodes x 8): TP 2 x PP 8 x EP 8, ZeRO-1.
-# The MoE flags (--num-experts and friends) arrive with issue 3; until then this config is
-# rejected by the flag parser rather than silently trained dense.
 CONFIG_ARGS=(
   --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096
   --max-position-embeddings 4096 --position-embedding-type rope --normalization RMSNorm

@@ -18,7 +18,7 @@ def _config_args(name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name, world_size, dp", [("tiny-cpu", 1, 1), ("gpt-1b", 1, 1),
-                                                  ("gpt-10b", 16, 2)])
+                                                  ("gpt-10b", 16, 2), ("gpt-100b-moe", 128, 8)])
 def test_config_parses_for_its_world(name, world_size, dp):
     cfg = parse_args(_config_args(name), world_size=world_size)
     assert cfg.parallel.data_parallel_size == dp

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU compatibi
 
 def test_pinned_megatron_core_version():
     assert version("megatron-core") == platform.MEGATRON_CORE_VERSION, (
-        "megatron-core changed: re-check every entry of CPU_PATCHES and TORCH_OPTIMIZER_FIXES "
+        "megatron-core changed: re-check every entry of CPU_PATCHES and NO_TE_FIXES "
         "against the new source, then update MEGATRON_CORE_VERSION")
 
 
@@ -63,6 +63,13 @@ def test_rng_tracker_forks_the_cpu_generator_and_restores_it():
         assert torch.equal(torch.rand(3), forked)  # the fork is its own reproducible stream
 
 
+def test_moe_split_sizes_become_numpy_on_cpu():
+    dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+    assert "as_numpy=True" in inspect.getsource(dispatcher)  # what the patch serves
+    splits = dispatcher.maybe_move_tensor_to_cpu(torch.tensor([3, 1]), as_numpy=True)
+    assert list(splits) == [3, 1] and not torch.is_tensor(splits)
+
+
 def test_type_name_patch_only_changes_the_no_argument_form():
     x = torch.zeros(2)
     assert x.type() == "torch.cuda.FloatTensor"
@@ -70,7 +77,7 @@ def test_type_name_patch_only_changes_the_no_argument_form():
     assert torch.zeros(2, dtype=torch.int64).type() == "torch.LongTensor"
 
 
-def test_torch_optimizer_fixes_still_address_megatron_source():
+def test_no_te_fixes_still_address_megatron_source():
     """Each fix corresponds to lines in megatron-core 0.16.1; when they change, re-check."""
     from megatron.core.optimizer import distrib_optimizer
 
@@ -80,7 +87,10 @@ def test_torch_optimizer_fixes_still_address_megatron_source():
         in source
     assert 's["step"] = step' in source
     assert "dst_tensors[key].copy_(tensors[key])" in source
-    assert set(platform.TORCH_OPTIMIZER_FIXES)  # documented
+    assert set(platform.NO_TE_FIXES)  # documented
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    assert "if te_general_gemm is not None" in inspect.getsource(moe_utils)
+    assert moe_utils.te_general_gemm is None
 
 
 def _import_with_fake_te(tmp_path, init_source: str) -> str:
