@@ -245,6 +245,7 @@ class Trainer:
             self.sinks.add({f"data mix/{k}": v for k, v in record.items()}, s.iteration)
 
     def save(self) -> None:
+        self.state.stability = self.monitor.state_dict()
         path = checkpointing.save_checkpoint(self.cfg.checkpoint, self.state, self.model,
                                              self.optimizer, self.scheduler)
         print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
@@ -278,7 +279,6 @@ class Trainer:
             s.consumed_train_samples += t.global_batch_size
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
-            s.stability = self.monitor.state_dict()
             interval.add(result.loss, time.perf_counter() - started, result.reason == "nan")
             if result.reason:
                 print_rank_last(f" iteration {iteration}: {result.reason}; update "
