@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
 from data_pipeline.tokenizer import MIN_VOCAB_SIZE
+from megatron_lgs.lgs.config import COMPRESSIONS, LgsConfig
+from megatron_lgs.lgs.plan import WEIGHTINGS
 from megatron_lgs.stability import StabilityConfig
 
 
@@ -182,6 +184,7 @@ class Config:
     data: DataArgs = field(default_factory=DataArgs)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    lgs: LgsConfig = field(default_factory=LgsConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -210,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m, par, pr, o, t, c, d = (ModelConfig(), ParallelConfig(), PrecisionConfig(),
                               OptimizerConfig(), TrainingConfig(), CheckpointConfig(), DataArgs())
-    st, lg = StabilityConfig(), LoggingConfig()
+    st, lg, lgs = StabilityConfig(), LoggingConfig(), LgsConfig()
 
     g = p.add_argument_group("model")
     _add(g, "--num-layers", m.num_layers)
@@ -288,6 +291,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--overlap-grad-reduce", o.overlap_grad_reduce)
     _add(g, "--overlap-param-gather", o.overlap_param_gather)
     _add(g, "--ddp-bucket-size", o.ddp_bucket_size, type=int)
+
+    g = p.add_argument_group("layer-wise gradient sync (LGS)")
+    _add(g, "--lgs", lgs.lgs, help="hierarchical layer-wise gradient sync on megatron's DDP")
+    _add(g, "--lgs-intra-threshold-mb", lgs.lgs_intra_threshold_mb,
+         help="bucket bytes that fire a sync (intra-node hop)")
+    _add(g, "--lgs-inter-threshold-mb", lgs.lgs_inter_threshold_mb,
+         help="largest inter-node message")
+    _add(g, "--lgs-thresholds", lgs.lgs_thresholds, choices=["manual", "auto"],
+         help="auto: the cost model's optimum for this layout and --lgs-hardware")
+    _add(g, "--lgs-hardware", lgs.lgs_hardware)
+    _add(g, "--lgs-layer-weighting", lgs.lgs_layer_weighting, choices=list(WEIGHTINGS))
+    _add(g, "--lgs-memory-cap-mb", lgs.lgs_memory_cap_mb, type=float,
+         help="most unsynchronized gradient bytes in flight")
+    _add(g, "--lgs-split-large-tensors", lgs.lgs_split_large_tensors)
+    _add(g, "--lgs-gpus-per-node", lgs.lgs_gpus_per_node, type=int,
+         help="ranks per node (default: LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE)")
+    _add(g, "--lgs-compress", lgs.lgs_compress, choices=list(COMPRESSIONS),
+         help="int8: inter-node hop in INT8 with error feedback")
+    _add(g, "--lgs-compress-block", lgs.lgs_compress_block)
+    _add(g, "--lgs-trace-dir", lgs.lgs_trace_dir, type=str,
+         help="write a Chrome trace of the bucket timeline per rank")
+    _add(g, "--lgs-trace-steps", lgs.lgs_trace_steps)
+    _add(g, "--lgs-autotune", lgs.lgs_autotune)
 
     g = p.add_argument_group("batch and run")
     _add(g, "--micro-batch-size", t.micro_batch_size)
@@ -493,8 +519,32 @@ def validate(cfg: Config) -> None:
     if t.exit_duration_in_mins is not None and t.exit_duration_in_mins <= 0:
         raise ConfigError(f"--exit-duration-in-mins must be positive, got "
                           f"{t.exit_duration_in_mins}")
+    _validate_lgs(cfg)
     if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
+
+
+def _validate_lgs(cfg: Config) -> None:
+    lgs, defaults = cfg.lgs, LgsConfig()
+    if not lgs.lgs:
+        changed = [f"--{k.replace('_', '-')}" for k, v in asdict(lgs).items()
+                   if k != "lgs" and v != getattr(defaults, k)]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)} needs --lgs")
+        return
+    for flag, value in (("--lgs-intra-threshold-mb", lgs.lgs_intra_threshold_mb),
+                        ("--lgs-inter-threshold-mb", lgs.lgs_inter_threshold_mb),
+                        ("--lgs-memory-cap-mb", lgs.lgs_memory_cap_mb)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be > 0, got {value}")
+    for flag, value in (("--lgs-gpus-per-node", lgs.lgs_gpus_per_node),
+                        ("--lgs-compress-block", lgs.lgs_compress_block),
+                        ("--lgs-trace-steps", lgs.lgs_trace_steps)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if cfg.optim.ddp_bucket_size is not None:
+        raise ConfigError("--ddp-bucket-size and --lgs both set bucket sizes; LGS plans its "
+                          "buckets from --lgs-intra/inter-threshold-mb")
 
 
 def warmup_iters(cfg: Config) -> int:
@@ -516,6 +566,7 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
                    domain_weights=_domain_weights(ns.domain_weights)),
         stability=_pick(StabilityConfig, ns),
         logging=_pick(LoggingConfig, ns),
+        lgs=_pick(LgsConfig, ns),
     )
 
 

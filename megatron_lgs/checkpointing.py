@@ -32,6 +32,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
+from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.run_state import RunState
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -132,7 +133,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
-                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler) -> Path:
+                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
+                    lgs: LgsEngine | None = None) -> Path:
     """Write iteration `state.iteration`; returns its directory. Collective over all ranks."""
     assert cfg.save is not None
     rank = dist.get_rank()
@@ -149,6 +151,9 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     dist_checkpointing.save(sharded, str(partial))
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank_{rank:05d}.pt")
+    if lgs is not None:  # INT8 error-feedback residuals: per rank, like the RNG streams
+        (partial / "lgs").mkdir(exist_ok=True)
+        torch.save(lgs.state_dict(), partial / "lgs" / f"rank_{rank:05d}.pt")
     _fault_point("save:after_shards", state.iteration)
     dist.barrier()
 
@@ -164,7 +169,8 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
 
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
-                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler) -> bool:
+                    optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
+                    lgs: LgsEngine | None = None) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
     none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run."""
     assert cfg.load is not None
@@ -204,4 +210,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
             raise ConfigError(f"{rng_file} is missing (saved with another world size?); "
                               f"use --no-load-rng to continue with fresh RNG streams")
         _set_rng_state(torch.load(rng_file, weights_only=True))
+    lgs_file = directory / "lgs" / f"rank_{dist.get_rank():05d}.pt"
+    if lgs is not None and lgs_file.is_file():
+        try:
+            lgs.load_state_dict(torch.load(lgs_file, weights_only=True))
+        except ValueError as exc:
+            raise ConfigError(f"{lgs_file}: {exc}") from None
     return True

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from megatron_lgs.arguments import LoggingConfig
+from megatron_lgs.lgs.sync import StepStats
 
 # Dense BF16 peak TFLOP/s per GPU, from the vendors' spec sheets; MFU is printed only for these.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -70,6 +71,31 @@ def training_log_line(*, iteration: int, train_iters: int, consumed_samples: int
     if mfu is not None:
         parts.append(f" MFU: {100 * mfu:.1f}%")
     return "".join(part + " |" for part in parts)
+
+
+def lgs_record(stats: StepStats, step_seconds: float) -> dict[str, float | int]:
+    """One step of layer-wise gradient sync, as this rank saw it."""
+    return {
+        "comm_seconds": stats.comm_seconds, "exposed_seconds": stats.exposed_seconds,
+        "comm_fraction": stats.comm_seconds / step_seconds,
+        "exposed_fraction": stats.exposed_seconds / step_seconds,
+        "bytes_intra": stats.bytes_intra, "bytes_inter": stats.bytes_inter,
+        "buckets_fired": stats.buckets_fired, "inter_messages": stats.inter_messages,
+        "peak_inflight_bytes": stats.peak_inflight_bytes,
+        "max_fires_per_bucket": max(stats.fires.values(), default=0),
+        "ignored_ready": stats.ignored_ready,
+    }
+
+
+def lgs_log_line(stats: StepStats, step_seconds: float) -> str:
+    r = lgs_record(stats, step_seconds)
+    return (f" gradient sync (LGS, last step): communication {1000 * r['comm_seconds']:.1f} ms "
+            f"({100 * r['comm_fraction']:.1f}% of the step), exposed "
+            f"{1000 * r['exposed_seconds']:.1f} ms ({100 * r['exposed_fraction']:.1f}%), "
+            f"sent intra {r['bytes_intra'] / 2**20:.2f} MB / inter "
+            f"{r['bytes_inter'] / 2**20:.2f} MB, {r['buckets_fired']} buckets, "
+            f"{r['inter_messages']} inter-node messages, peak in flight "
+            f"{r['peak_inflight_bytes'] / 2**20:.2f} MB")
 
 
 def validation_log_line(iteration: int, loss: float) -> str:

@@ -21,23 +21,31 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_lgs.arguments import Config, warmup_iters
+from megatron_lgs.lgs import sync
 from megatron_lgs.model import params_dtype
 
 
-def wrap_ddp(cfg: Config, model: torch.nn.Module) -> DistributedDataParallel:
+def wrap_ddp(cfg: Config, model: torch.nn.Module,
+             log: Callable[[str], None] = print) -> DistributedDataParallel:
+    """megatron-core's DDP; with --lgs, the layer-wise engine takes over its gradient sync."""
     o = cfg.optim
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM accumulates and reduces half-precision grads in fp32 by default.
         grad_reduce_in_fp32=cfg.precision.bf16 or cfg.precision.fp16,
-        overlap_grad_reduce=o.overlap_grad_reduce,
+        # LGS needs the backward hooks' grad-ready signals and one buffer bucket per parameter
+        # (the fine layout its plan groups).
+        overlap_grad_reduce=o.overlap_grad_reduce or cfg.lgs.lgs,
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.use_distributed_optimizer,
-        bucket_size=o.ddp_bucket_size,
+        bucket_size=1 if cfg.lgs.lgs else o.ddp_bucket_size,
         # Non-finite grads must reach the step: FP16 backs off its loss scale on them, and the
         # stability monitor skips and counts the update (megatron's check would abort the run).
         check_for_nan_in_grad=False,
     )
-    return DistributedDataParallel(model.config, ddp_config, model)
+    ddp = DistributedDataParallel(model.config, ddp_config, model)
+    if cfg.lgs.lgs:
+        sync.install(ddp, sync.LgsEngine(ddp, cfg.lgs, log=log))
+    return ddp
 
 
 def build_optimizer(cfg: Config, model: DistributedDataParallel) -> MegatronOptimizer:
@@ -95,7 +103,7 @@ def attach_schedule_hooks(cfg: Config, model: DistributedDataParallel,
     config = model.config
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
-    if cfg.optim.overlap_grad_reduce:
+    if cfg.optim.overlap_grad_reduce or cfg.lgs.lgs:
         config.no_sync_func = model.no_sync
     if cfg.optim.overlap_param_gather:
         config.param_sync_func = model.start_param_sync

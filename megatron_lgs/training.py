@@ -64,6 +64,11 @@ class StepResult:
     update_ratio: float | None = None
 
 
+def print_rank_0(message: str) -> None:
+    if dist.get_rank() == 0:
+        print(message, flush=True)
+
+
 def print_rank_last(message: str) -> None:
     """Megatron prints from the last rank: it holds the loss under pipeline parallelism."""
     if dist.get_rank() == dist.get_world_size() - 1:
@@ -93,7 +98,9 @@ class Trainer:
         initialize.set_seeds(cfg.training.seed)
 
         self.datasets = datasets_provider(cfg)
-        self.model = wrap_ddp(cfg, model_provider(cfg, self.platform, self.datasets.vocab_size))
+        self.model = wrap_ddp(cfg, model_provider(cfg, self.platform, self.datasets.vocab_size),
+                              log=print_rank_0)
+        self.lgs = getattr(self.model, "lgs", None)
         self.optimizer = build_optimizer(cfg, self.model)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         attach_schedule_hooks(cfg, self.model, self.optimizer)
@@ -123,7 +130,7 @@ class Trainer:
 
     def _load(self, ckpt_cfg) -> bool:
         loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
-                                               self.scheduler)
+                                               self.scheduler, self.lgs)
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.datasets.schedule is not None and self.state.data_mix:
@@ -141,6 +148,8 @@ class Trainer:
             f"{c.parallel.context_parallel_size} x DP {self.dp_size}; parameters on this rank: "
             f"{n:,}; precision {c.precision.name}; micro-batches per step: "
             f"{self.num_microbatches}")
+        if self.lgs:
+            print_rank_0(self.lgs.describe())
 
     # -- one step ------------------------------------------------------------------------------
     def _forward_step_for(self, iteration: int) -> ForwardStep:
@@ -247,7 +256,7 @@ class Trainer:
     def save(self) -> None:
         self.state.stability = self.monitor.state_dict()
         path = checkpointing.save_checkpoint(self.cfg.checkpoint, self.state, self.model,
-                                             self.optimizer, self.scheduler)
+                                             self.optimizer, self.scheduler, self.lgs)
         print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
 
     # -- the loop ------------------------------------------------------------------------------
@@ -279,7 +288,8 @@ class Trainer:
             s.consumed_train_samples += t.global_batch_size
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
-            interval.add(result.loss, time.perf_counter() - started, result.reason == "nan")
+            step_seconds = time.perf_counter() - started
+            interval.add(result.loss, step_seconds, result.reason == "nan")
             if result.reason:
                 print_rank_last(f" iteration {iteration}: {result.reason}; update "
                                 f"{'applied' if result.applied else 'skipped'}")
@@ -290,6 +300,9 @@ class Trainer:
                 event="train", iteration=s.iteration, loss=result.loss, lr=lr,
                 grad_norm=result.grad_norm, skipped=not result.applied, reason=result.reason,
                 loss_scale=self.optimizer.get_loss_scale().item(), **self._mix_weights())
+            if self.lgs:
+                self.metrics_file.write(event="lgs", iteration=s.iteration,
+                                        **metrics.lgs_record(self.lgs.stats, step_seconds))
 
             if s.iteration % t.log_interval == 0:
                 self._log_interval(interval, result, lr)
@@ -344,6 +357,8 @@ class Trainer:
             skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
             tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
             mfu=tflops / peak if peak else None))
+        if self.lgs:
+            print_rank_last(metrics.lgs_log_line(self.lgs.stats, seconds_per_iteration))
         variance = self.monitor.loss_variance()
         watch = metrics.watch_log_line(result.layer_grad_norms, result.update_ratio, variance)
         print_rank_last(watch)

@@ -48,6 +48,12 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--optimizer", "sgd", "--use-distributed-optimizer"], 1, "supports only --optimizer adam"),
     (["--vocab-size", "100"], 1, "--vocab-size must be at least 257"),
     (["--loss-spike-action", "rollback", "--no-save"], 1, "needs --save"),
+    (["--lgs-compress", "int8", "--lgs-gpus-per-node", "2"], 1,
+     "--lgs-gpus-per-node, --lgs-compress needs --lgs"),
+    (["--lgs", "--lgs-inter-threshold-mb", "0"], 1, "--lgs-inter-threshold-mb must be > 0"),
+    (["--lgs", "--lgs-memory-cap-mb", "-1"], 1, "--lgs-memory-cap-mb must be > 0"),
+    (["--lgs", "--ddp-bucket-size", "1000"], 1, "--ddp-bucket-size and --lgs"),
+    (["--lgs", "--lgs-layer-weighting", "flops"], 1, "invalid choice"),
 ])
 def test_bad_combinations_are_rejected(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

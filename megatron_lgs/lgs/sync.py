@@ -1,0 +1,638 @@
+"""Hierarchical layer-wise gradient sync on megatron-core's DDP.
+
+megatron-core keeps owning the gradient buffers, the backward hooks, the no-sync context and
+the distributed optimizer's shards. LGS builds the DDP with one buffer bucket per parameter
+(the fine layout, which is also the distributed optimizer's sharding and never changes), then
+takes over *which buckets fire together and how*: `install` (the one place that reaches into
+megatron-core, pinned to 0.16.1 and tested in tests/unit/lgs/test_lgs_pins.py) routes each
+parameter's grad-ready signal to the engine and replaces the DDP's finish/zero calls.
+
+A bucket of the plan is reduced on a communication thread as soon as all its gradients are
+ready on the last micro-batch, in three hops over a data-parallel group of N nodes x g ranks
+(ranks node-major; rank r = n g + l, and r's chunk of every gradient is what it owns):
+
+  1. intra-node reduce-scatter: local rank l gets the node's sum of chunks {n' g + l}   (g x)
+  2. inter-node reduce-scatter (distributed optimizer: rank r keeps its own chunk, done) or
+     all-reduce (plain DDP) of those N chunks, in messages of at most the inter threshold;
+     with INT8, all-to-all of quantized chunks + fp32 local sum (+ quantized all-gather)
+  3. intra-node all-gather (plain DDP only).
+
+The engine waits for every bucket before the optimizer step (`finish_grad_sync`), so what
+reaches the optimizer is exactly megatron's reduced gradient, summed in another order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_lgs.lgs import compress
+from megatron_lgs.lgs.config import LgsConfig
+from megatron_lgs.lgs.plan import MB, Plan, PlanConfig, Unit, describe, layer_of, make_plan
+
+MEGATRON_CORE_VERSION = "0.16.1"  # install() relies on this version's DDP internals
+_TRACE_THREADS = {"backward": 1, "communication": 2}
+
+
+# -- topology -----------------------------------------------------------------------------------
+def gpus_per_node(flag: int | None) -> tuple[int, str]:
+    """Ranks per node and where that number came from."""
+    if flag:
+        return flag, "--lgs-gpus-per-node"
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "").split("(")[0]  # Slurm may write "4(x2)"
+        if value.isdigit() and int(value) > 0:
+            return int(value), name
+    return dist.get_world_size(), "default: one node"
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A data-parallel group seen as N nodes x g ranks, with its two sub-groups."""
+
+    group: dist.ProcessGroup
+    size: int
+    nodes: int
+    per_node: int
+    rank: int
+    intra: dist.ProcessGroup | None  # None when g == 1
+    inter: dist.ProcessGroup | None  # None when N == 1
+
+    @property
+    def name(self) -> str:
+        if self.nodes > 1 and self.per_node > 1:
+            return "intra+inter"
+        return "inter" if self.nodes > 1 else "intra"
+
+
+def build_levels(groups: list[dist.ProcessGroup], per_node: int) -> list[Levels]:
+    """Levels for each of this rank's data-parallel `groups`. Collective over the world: every
+    rank creates every sub-group, in the same order."""
+    mine = [dist.get_process_group_ranks(g) for g in groups]
+    gathered: list[list[list[int]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(gathered, mine)
+    distinct = sorted({tuple(ranks) for per_rank in gathered for ranks in per_rank})
+
+    def split(ranks: tuple[int, ...]) -> tuple[list[list[int]], list[list[int]]]:
+        nodes: dict[int, list[int]] = {}
+        for r in ranks:
+            nodes.setdefault(r // per_node, []).append(r)
+        members = list(nodes.values())
+        g = len(members[0])
+        # Two levels only when every node holds the same number of consecutive members.
+        if any(len(m) != g for m in members) or [r for m in members for r in m] != list(ranks):
+            return [], []
+        return members, [[m[i] for m in members] for i in range(g)]
+
+    made: dict[tuple[int, ...], tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = {}
+    for ranks in distinct:
+        intra, inter = split(ranks)
+        pair = []
+        for sub in (intra, inter):
+            useful = [s for s in sub if len(s) > 1]
+            pair.append(dist.new_subgroups_by_enumeration(useful)[0] if useful else None)
+        made[ranks] = (pair[0], pair[1])
+
+    levels = []
+    for group, ranks in zip(groups, mine, strict=True):
+        intra_lists, _ = split(tuple(ranks))
+        nodes = len(intra_lists) or len(ranks)
+        per = len(ranks) // nodes
+        intra, inter = made[tuple(ranks)]
+        levels.append(Levels(group, len(ranks), nodes, per, dist.get_rank(group),
+                             intra if per > 1 else None, inter if nodes > 1 else None))
+    return levels
+
+
+# -- one megatron buffer ------------------------------------------------------------------------
+@dataclass
+class _Fine:
+    """One megatron-core buffer bucket (one parameter) in chunk coordinates."""
+
+    bucket: object  # megatron's _ParamAndGradBucket
+    name: str
+    chunk: int  # s: elements per data-parallel chunk
+    numel: int
+
+    def rows(self, d: int) -> torch.Tensor:
+        """The gradient as [D, chunk]; a padded copy when it does not divide evenly."""
+        flat = self.bucket.grad_data
+        if self.numel == d * self.chunk:
+            return flat.view(d, self.chunk)
+        return torch.nn.functional.pad(flat, (0, d * self.chunk - self.numel)).view(d, self.chunk)
+
+    def write_rows(self, d: int, rows: torch.Tensor) -> None:
+        if self.numel != d * self.chunk:
+            self.bucket.grad_data.copy_(rows.reshape(-1)[: self.numel])
+
+
+@dataclass
+class _BufferSync:
+    key: str  # "dense.fp32" ...
+    levels: Levels
+    distributed_optimizer: bool
+    fine: list[_Fine]
+    units: list[Unit]
+    param_units: dict[torch.nn.Parameter, int]
+    plan: Plan | None = None
+    unit_buckets: list[list[int]] = field(default_factory=list)  # unit -> plan buckets
+    send_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [N, chunk]
+    gather_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [chunk]
+
+    def replan(self, config: PlanConfig, backward_seconds: dict[str, float] | None) -> None:
+        self.plan = make_plan(self.units, config, backward_seconds)
+        self.unit_buckets = [[] for _ in self.units]
+        for b, bucket in enumerate(self.plan.buckets):
+            for seg in bucket.segments:
+                self.unit_buckets[seg.unit].append(b)
+
+
+@dataclass
+class StepStats:
+    """What one step's gradient sync cost, as seen by this rank."""
+
+    comm_seconds: float = 0.0  # busy time of the communication thread
+    exposed_seconds: float = 0.0  # time the training thread waited for communication
+    bytes_intra: int = 0  # sent by this rank (ring algorithm accounting)
+    bytes_inter: int = 0
+    buckets_fired: int = 0
+    inter_messages: int = 0
+    peak_inflight_bytes: int = 0
+    fires: dict[str, int] = field(default_factory=dict)  # "buffer/bucket" -> times fired
+    ignored_ready: int = 0  # grad-ready signals outside the last micro-batch (no_sync)
+
+
+# -- the communication thread -------------------------------------------------------------------
+class _Worker:
+    """One FIFO communication thread per process, shared by every engine: collectives then run
+    in the same order on every rank, whatever the number of model chunks."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="lgs-comm", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job, done = self.jobs.get()
+            try:
+                if self.error is None:
+                    job()
+            except BaseException as exc:  # surfaced on the training thread in finish()
+                self.error = exc
+            finally:
+                done()
+
+
+_WORKER: _Worker | None = None
+
+
+def _worker() -> _Worker:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = _Worker()
+    return _WORKER
+
+
+# -- the engine ---------------------------------------------------------------------------------
+class LgsEngine:
+    """Layer-wise, hierarchical gradient sync for one megatron-core DDP module."""
+
+    def __init__(self, ddp, config: LgsConfig, *, log: Callable[[str], None] = print) -> None:
+        self.ddp = ddp
+        self.config = config
+        self.log = log
+        self.intra_bytes = int(config.lgs_intra_threshold_mb * MB)
+        self.inter_bytes = int(config.lgs_inter_threshold_mb * MB)
+        self.per_node, self.per_node_source = gpus_per_node(config.lgs_gpus_per_node)
+        self.distributed_optimizer = ddp.ddp_config.use_distributed_optimizer
+        self.cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+        self.comm_stream = torch.cuda.Stream() if self.cuda else None
+
+        names = {p: n for n, p in ddp.module.named_parameters()}
+        buffers = [("dense", b) for b in ddp.buffers] + \
+                  [("expert", b) for b in ddp.expert_parallel_buffers]
+        levels = build_levels([b.data_parallel_group for _, b in buffers], self.per_node)
+        self.buffers: list[_BufferSync] = []
+        for (kind, buf), lv in zip(buffers, levels, strict=True):
+            d = lv.size
+            fine, units, param_units = [], [], {}
+            elsize = buf.grad_data.element_size()
+            for bucket in buf.buckets:
+                numel = bucket.grad_data.numel()
+                name = names[bucket.params_list[0]]
+                fine.append(_Fine(bucket, name, -(-numel // d), numel))
+                units.append(Unit(name, layer_of(name), fine[-1].chunk, d * elsize))
+                for p in bucket.params_list:
+                    param_units[p] = len(units) - 1
+            self.buffers.append(_BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
+                                            self.distributed_optimizer, fine, units, param_units))
+        self.param_buffer = {p: i for i, bs in enumerate(self.buffers) for p in bs.param_units}
+
+        self._golden: dict[torch.nn.Parameter, int] | None = None
+        self._counts: dict[torch.nn.Parameter, int] = {}
+        self._ready_times: dict[str, float] = {}
+        self._backward_seconds: dict[str, float] | None = None
+        self._pending_replan = True
+        self._fired: set[tuple[int, int]] = set()
+        self._outstanding = 0
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self.stats = StepStats()
+        self.steps = 0
+        self._trace: list[dict] = []
+        self._t0 = time.perf_counter()
+        self._replan()
+
+    # -- planning ------------------------------------------------------------------------------
+    def plan_config(self, levels: Levels) -> PlanConfig:
+        c = self.config
+        threshold = self.inter_bytes if levels.name == "inter" else self.intra_bytes
+        cap = int(c.lgs_memory_cap_mb * MB) if c.lgs_memory_cap_mb else None
+        return PlanConfig(threshold, c.lgs_layer_weighting, cap, c.lgs_split_large_tensors)
+
+    def set_thresholds(self, intra_mb: float, inter_mb: float) -> None:
+        """Regroup from the next step on (the fine layout, and so the optimizer, never change)."""
+        self.intra_bytes, self.inter_bytes = int(intra_mb * MB), int(inter_mb * MB)
+        self._pending_replan = True
+
+    def _replan(self) -> None:
+        for bs in self.buffers:
+            bs.replan(self.plan_config(bs.levels), self._backward_seconds)
+        self._pending_replan = False
+
+    def describe(self) -> str:
+        lines = [f" LGS: {self.per_node} ranks per node ({self.per_node_source}); thresholds "
+                 f"intra {self.intra_bytes / MB:.3g} MB, inter {self.inter_bytes / MB:.3g} MB; "
+                 f"weighting {self.config.lgs_layer_weighting}; compression "
+                 f"{self.config.lgs_compress}"]
+        for bs in self.buffers:
+            lv = bs.levels
+            msgs = [self._inter_pieces(bs, sum(s.hi - s.lo for s in b.segments))
+                    for b in bs.plan.buckets] if lv.nodes > 1 else None
+            lines.append(f" {bs.key}: data-parallel group of {lv.size} = {lv.nodes} nodes x "
+                         f"{lv.per_node}")
+            lines.append(describe(bs.plan, lv.name, [len(m) for m in msgs] if msgs else None))
+        return "\n".join(lines)
+
+    # -- the DDP's calls -----------------------------------------------------------------------
+    def grad_ready(self, param: torch.nn.Parameter, is_last_microbatch: bool) -> None:
+        if not is_last_microbatch:
+            self.stats.ignored_ready += 1
+            return
+        self._counts[param] = self._counts.get(param, 0) + 1
+        b = self.param_buffer[param]
+        bs = self.buffers[b]
+        if self._golden is None:  # first step: learn how often each gradient arrives
+            self._ready_times[bs.units[bs.param_units[param]].layer] = time.perf_counter()
+            return
+        if self._counts[param] != self._golden[param]:
+            return
+        for k in bs.unit_buckets[bs.param_units[param]]:
+            if (b, k) not in self._fired and self._bucket_ready(bs, k):
+                self._fire(b, k)
+
+    def _bucket_ready(self, bs: _BufferSync, k: int) -> bool:
+        for seg in bs.plan.buckets[k].segments:
+            for p in bs.fine[seg.unit].bucket.params_list:
+                if self._counts.get(p, 0) != self._golden[p]:
+                    return False
+        return True
+
+    def start_grad_sync(self, *unused) -> None:
+        """Fire every bucket not fired yet (megatron calls this where it wants all grads)."""
+        for b, bs in enumerate(self.buffers):
+            for k in range(len(bs.plan.buckets)):
+                if (b, k) not in self._fired:
+                    self._fire(b, k)
+
+    def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
+        started = time.perf_counter()
+        self.start_grad_sync()
+        with self._span("wait for gradient sync", "backward"), self._cond:
+            while self._outstanding:
+                self._cond.wait()
+        if self.cuda:
+            torch.cuda.current_stream().wait_stream(self.comm_stream)
+        self.stats.exposed_seconds += time.perf_counter() - started
+        if _worker().error is not None:
+            raise RuntimeError("LGS gradient sync failed") from _worker().error
+        if self._golden is None:
+            self._golden = dict(self._counts)
+            if self.config.lgs_layer_weighting == "measured":
+                self._backward_seconds = self._measure_layers()
+                self._pending_replan = True
+
+    def reset(self) -> None:
+        """Start of a step (megatron's zero_grad_buffer)."""
+        if self.stats.buckets_fired:
+            self._write_trace()
+            self.steps += 1
+        self._counts, self._fired = {}, set()
+        self.stats = StepStats()
+        if self._pending_replan:
+            self._replan()
+            self.log(self.describe())
+
+    def _measure_layers(self) -> dict[str, float]:
+        """Backward time per layer from the first step's grad-ready times (a layer's time is
+        the gap since the previous layer finished)."""
+        ordered = sorted(self._ready_times.items(), key=lambda kv: kv[1])
+        seconds, previous = {}, None
+        for layer, t in ordered:
+            seconds[layer] = 0.0 if previous is None else t - previous
+            previous = t
+        return seconds
+
+    # -- firing --------------------------------------------------------------------------------
+    def _fire(self, b: int, k: int) -> None:
+        bs = self.buffers[b]
+        nbytes = bs.plan.buckets[k].nbytes
+        cap = self.plan_config(bs.levels).memory_cap_bytes
+        waited = time.perf_counter()
+        with self._cond:
+            # Memory cap: unsynchronized bytes in flight never exceed it. Backpressure stalls
+            # the backward, so the wait counts as exposed communication.
+            while cap and self._inflight and self._inflight + nbytes > cap:
+                self._cond.wait()
+            self._inflight += nbytes
+            self._outstanding += 1
+            self.stats.peak_inflight_bytes = max(self.stats.peak_inflight_bytes, self._inflight)
+        self.stats.exposed_seconds += time.perf_counter() - waited
+        self._fired.add((b, k))
+        self.stats.buckets_fired += 1
+        name = f"{bs.key}/{k}"
+        self.stats.fires[name] = self.stats.fires.get(name, 0) + 1
+        self._event("ready " + name, "i", "backward")
+        ready = None
+        if self.cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+
+        def done() -> None:
+            with self._cond:
+                self._inflight -= nbytes
+                self._outstanding -= 1
+                self._cond.notify_all()
+
+        _worker().jobs.put((lambda: self._reduce(bs, k, ready), done))
+
+    # -- the reduction (communication thread) ---------------------------------------------------
+    def _reduce(self, bs: _BufferSync, k: int, ready) -> None:
+        started = time.perf_counter()
+        if self.cuda:
+            self.comm_stream.wait_event(ready)
+            with torch.cuda.stream(self.comm_stream):
+                self._reduce_bucket(bs, k)
+        else:
+            self._reduce_bucket(bs, k)
+        self.stats.comm_seconds += time.perf_counter() - started
+
+    def _reduce_bucket(self, bs: _BufferSync, k: int) -> None:
+        lv, bucket = bs.levels, bs.plan.buckets[k]
+        d, n, g = lv.size, lv.nodes, lv.per_node
+        segments = bucket.segments
+        widths = [s.hi - s.lo for s in segments]
+        width = sum(widths)
+        rows = {s.unit: bs.fine[s.unit].rows(d) for s in segments}
+        staging = torch.cat([rows[s.unit][:, s.lo:s.hi] for s in segments], dim=1)
+        scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
+        if scale != 1.0:
+            staging.mul_(scale)
+        name = f"{bs.key}/{k}"
+
+        if g > 1:  # 1. intra-node reduce-scatter: rows {n' g + l} to local rank l
+            with self._span("intra reduce-scatter " + name):
+                part = torch.empty(n, width, dtype=staging.dtype)
+                # gloo wants flat tensors: the output's first dim x g must be the input's.
+                dist.reduce_scatter_single(
+                    part.view(-1), staging.view(n, g, width).transpose(0, 1).reshape(-1),
+                    group=lv.intra)
+            self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
+        else:
+            part = staging
+        if n > 1:  # 2. inter-node hop, in messages of at most the inter threshold
+            result = self._inter(bs, segments, part)
+        else:
+            result = part
+        if self.distributed_optimizer:
+            mine = result if result.dim() == 1 else result[0]
+            self._scatter(bs, segments, widths, lv.rank, mine, rows, d)
+            return
+        if g > 1:  # 3. intra-node all-gather
+            with self._span("intra all-gather " + name):
+                gathered = torch.empty(g, n, width, dtype=result.dtype)
+                dist.all_gather_into_tensor(gathered.view(-1), result.reshape(-1),
+                                            group=lv.intra)
+            self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
+            full = gathered.transpose(0, 1).reshape(d, width)
+        else:
+            full = result
+        off = 0
+        for s, w in zip(segments, widths, strict=True):
+            rows[s.unit][:, s.lo:s.hi] = full[:, off:off + w]
+            off += w
+        for u in {s.unit for s in segments}:
+            bs.fine[u].write_rows(d, rows[u])
+
+    def _scatter(self, bs: _BufferSync, segments, widths, r: int, mine: torch.Tensor,
+                 rows: dict[int, torch.Tensor], d: int) -> None:
+        """Distributed optimizer: only this rank's chunk is written (megatron does the same)."""
+        off = 0
+        for s, w in zip(segments, widths, strict=True):
+            rows[s.unit][r, s.lo:s.hi] = mine[off:off + w]
+            off += w
+        for u in {s.unit for s in segments}:
+            bs.fine[u].write_rows(d, rows[u])
+
+    def _inter_pieces(self, bs: _BufferSync, width: int) -> list[tuple[int, int]]:
+        """Column ranges of the inter-node message: each at most the inter threshold."""
+        lv = bs.levels
+        column_bytes = lv.nodes * bs.fine[0].bucket.grad_data.element_size()
+        per = max(1, self.inter_bytes // column_bytes)
+        if self.config.lgs_compress == "int8":
+            block = self.config.lgs_compress_block
+            per = max(block, per // block * block)
+        return [(lo, min(lo + per, width)) for lo in range(0, width, per)]
+
+    def _inter(self, bs: _BufferSync, segments, part: torch.Tensor) -> torch.Tensor:
+        lv = bs.levels
+        n = lv.nodes
+        name = f"{bs.key}"
+        compressed = self.config.lgs_compress == "int8"
+        if compressed:
+            send_res = self._residual_rows(bs, segments, bs.send_residual, n)
+            gather_res = self._residual_rows(bs, segments, bs.gather_residual, 1)
+        outputs = []
+        for lo, hi in self._inter_pieces(bs, part.shape[1]):
+            piece = part[:, lo:hi].contiguous()
+            self.stats.inter_messages += 1
+            with self._span(f"inter {'int8 ' if compressed else ''}"
+                            f"{'reduce-scatter' if self.distributed_optimizer else 'all-reduce'}"
+                            f" {name}"):
+                if compressed:
+                    out = self._inter_int8(bs, piece, send_res[:, lo:hi], gather_res[:, lo:hi])
+                elif self.distributed_optimizer:
+                    out = torch.empty(hi - lo, dtype=piece.dtype)
+                    dist.reduce_scatter_single(out, piece.view(-1), group=lv.inter)
+                    self.stats.bytes_inter += (n - 1) * out.numel() * out.element_size()
+                else:
+                    dist.all_reduce(piece, group=lv.inter)
+                    out = piece
+                    self.stats.bytes_inter += 2 * (n - 1) * (hi - lo) * piece.element_size()
+            outputs.append(out)
+        if compressed:
+            self._store_residual_rows(bs, segments, bs.send_residual, send_res)
+            self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
+        return torch.cat(outputs, dim=-1)
+
+    def _inter_int8(self, bs: _BufferSync, piece: torch.Tensor, send_res: torch.Tensor,
+                    gather_res: torch.Tensor) -> torch.Tensor:
+        """qgZ: all-to-all of INT8 chunks, fp32 sum locally; plain DDP then all-gathers the
+        quantized sums (every rank, the owner too, uses the same dequantized values)."""
+        lv, block = bs.levels, self.config.lgs_compress_block
+        n = lv.nodes
+        q, scales = compress.quantize_with_feedback(piece.float(), send_res, block)
+        q_in, s_in = torch.empty_like(q), torch.empty_like(scales)
+        dist.all_to_all_single(q_in, q, group=lv.inter)
+        dist.all_to_all_single(s_in, scales, group=lv.inter)
+        mine = compress.dequantize(q_in, s_in, block).sum(dim=0)
+        sent = (n - 1) * (q.shape[1] + 4 * scales.shape[1])
+        if self.distributed_optimizer:
+            self.stats.bytes_inter += sent
+            return mine.to(piece.dtype)
+        q2, s2 = compress.quantize_with_feedback(mine.unsqueeze(0), gather_res, block)
+        q_all = torch.empty(n, q2.shape[1], dtype=q2.dtype)
+        s_all = torch.empty(n, s2.shape[1], dtype=s2.dtype)
+        dist.all_gather_into_tensor(q_all.view(-1), q2.view(-1), group=lv.inter)
+        dist.all_gather_into_tensor(s_all.view(-1), s2.view(-1), group=lv.inter)
+        self.stats.bytes_inter += 2 * sent
+        return compress.dequantize(q_all, s_all, block).to(piece.dtype)
+
+    # Residuals live per fine unit in chunk coordinates, so regrouping never disturbs them.
+    def _residual_rows(self, bs: _BufferSync, segments, store: dict, rows: int) -> torch.Tensor:
+        parts = []
+        for s in segments:
+            if s.unit not in store:
+                store[s.unit] = torch.zeros(rows, bs.fine[s.unit].chunk)
+            parts.append(store[s.unit][:, s.lo:s.hi])
+        return torch.cat(parts, dim=1)
+
+    def _store_residual_rows(self, bs: _BufferSync, segments, store: dict,
+                             values: torch.Tensor) -> None:
+        off = 0
+        for s in segments:
+            w = s.hi - s.lo
+            store[s.unit][:, s.lo:s.hi] = values[:, off:off + w]
+            off += w
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def layout(self) -> str:
+        return json.dumps([[bs.key, bs.levels.size, bs.levels.nodes, bs.levels.rank,
+                            [u.units for u in bs.units]] for bs in self.buffers])
+
+    def state_dict(self) -> dict:
+        """This rank's error-feedback residuals (empty without compression)."""
+        return {"layout": self.layout(),
+                "send": [{u: t.clone() for u, t in bs.send_residual.items()}
+                         for bs in self.buffers],
+                "gather": [{u: t.clone() for u, t in bs.gather_residual.items()}
+                           for bs in self.buffers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        has_residual = any(state["send"]) or any(state["gather"])
+        if has_residual and state["layout"] != self.layout():
+            raise ValueError("the checkpoint's LGS error-feedback residuals were saved with "
+                             "another data-parallel layout or model; they cannot be restored")
+        if has_residual and self.config.lgs_compress != "int8":
+            self.log(" warning: the checkpoint holds INT8 error-feedback residuals; this run "
+                     "does not compress, so they are dropped")
+            return
+        for bs, send, gather in zip(self.buffers, state["send"], state["gather"], strict=True):
+            bs.send_residual = {int(u): t.clone() for u, t in send.items()}
+            bs.gather_residual = {int(u): t.clone() for u, t in gather.items()}
+
+    # -- monitoring ----------------------------------------------------------------------------
+    def _now_us(self) -> float:
+        return (time.perf_counter() - self._t0) * 1e6
+
+    def _tracing(self) -> bool:
+        return bool(self.config.lgs_trace_dir) and self.steps < self.config.lgs_trace_steps
+
+    def _event(self, name: str, phase: str, thread: str) -> None:
+        if self._tracing():
+            self._trace.append({"name": name, "ph": phase, "ts": self._now_us(), "pid": 0,
+                                "tid": _TRACE_THREADS[thread], "s": "t",
+                                "args": {"step": self.steps}})
+
+    def _span(self, name: str, thread: str = "communication"):
+        engine = self
+
+        class _Span:
+            def __enter__(self) -> None:
+                self.start = engine._now_us()
+
+            def __exit__(self, *exc) -> None:
+                if engine._tracing():
+                    engine._trace.append({
+                        "name": name, "ph": "X", "ts": self.start,
+                        "dur": engine._now_us() - self.start, "pid": 0,
+                        "tid": _TRACE_THREADS[thread],
+                        "args": {"step": engine.steps}})
+        return _Span()
+
+    def _write_trace(self) -> None:
+        if not self._trace or not self.config.lgs_trace_dir:
+            return
+        directory = Path(self.config.lgs_trace_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"lgs_trace_rank{dist.get_rank():05d}.json"
+        names = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": n}}
+                 for n, tid in _TRACE_THREADS.items()]
+        path.write_text(json.dumps({"traceEvents": names + self._trace,
+                                    "displayTimeUnit": "ms"}))
+
+
+# -- installation into megatron-core's DDP (the one place that patches it) -------------------
+class _Router:
+    """Stands in for a megatron bucket group in the DDP's param -> group map: the backward hook's
+    grad-ready signal goes to the engine, everything else to megatron's own group."""
+
+    def __init__(self, group, engine: LgsEngine) -> None:
+        self._group = group
+        self._engine = engine
+
+    def register_grad_ready(self, param: torch.nn.Parameter, force_all_reduce: bool = False
+                            ) -> None:
+        self._engine.grad_ready(param, self._group.is_last_microbatch)
+
+    def __getattr__(self, name: str):
+        return getattr(self._group, name)
+
+
+def install(ddp, engine: LgsEngine) -> None:
+    """Route megatron-core 0.16.1 DDP's gradient sync through `engine`. The DDP must have been
+    built with overlap_grad_reduce=True (so its hooks signal readiness) and bucket_size=1 (one
+    buffer bucket per parameter: the fine layout)."""
+    for param, group in list(ddp.param_to_bucket_group.items()):
+        ddp.param_to_bucket_group[param] = _Router(group, engine)
+    megatron_zero = ddp.zero_grad_buffer
+
+    def zero_grad_buffer() -> None:
+        megatron_zero()
+        engine.reset()
+
+    ddp.zero_grad_buffer = zero_grad_buffer
+    ddp.start_grad_sync = engine.start_grad_sync
+    ddp.finish_grad_sync = engine.finish_grad_sync
+    ddp.lgs = engine

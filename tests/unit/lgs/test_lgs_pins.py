@@ -1,0 +1,53 @@
+"""What `megatron_lgs.lgs.sync.install` assumes about megatron-core 0.16.1's DDP. When an
+upgrade changes any of it, these fail before a run silently stops synchronizing."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib.metadata import version
+
+from megatron_lgs.lgs.sync import MEGATRON_CORE_VERSION  # installs the platform layer first
+
+ddp_module = importlib.import_module("megatron.core.distributed.distributed_data_parallel")
+finalize_module = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+buffer_module = importlib.import_module("megatron.core.distributed.param_and_grad_buffer")
+
+
+def test_pinned_version():
+    assert version("megatron-core") == MEGATRON_CORE_VERSION
+
+
+def test_backward_hook_signals_readiness_through_the_param_to_group_map():
+    hook = inspect.getsource(ddp_module.DistributedDataParallel._make_backward_post_hook)
+    assert "param.main_grad.add_(param.grad.data)" in hook
+    assert "self.param_to_bucket_group[param].register_grad_ready(" in hook
+    assert "if self.ddp_config.overlap_grad_reduce:" in hook
+
+
+def test_no_sync_marks_the_groups_not_last_micro_batch():
+    source = inspect.getsource(ddp_module.DistributedDataParallel.no_sync)
+    assert "bucket_group.is_last_microbatch = False" in source
+
+
+def test_finalize_calls_the_chunks_finish_grad_sync():
+    source = inspect.getsource(finalize_module.finalize_model_grads)
+    assert "model_chunk.finish_grad_sync(force_all_reduce=force_all_reduce)" in source
+
+
+def test_bucket_size_one_gives_one_bucket_per_parameter():
+    source = inspect.getsource(buffer_module._ParamAndGradBuffer.__init__)
+    assert "(param_end_index - bucket_start_index) >= bucket_size" in source
+    assert "ddp_config.bucket_size = None" in inspect.getsource(
+        ddp_module.DistributedDataParallel.__init__)  # only without overlap_grad_reduce
+
+
+def test_a_ranks_shard_is_its_slice_and_grads_are_scaled_before_the_collective():
+    assert "buffer[(r * shard_size) : ((r + 1) * shard_size)]" in inspect.getsource(
+        buffer_module.shard_buffer)
+    start = inspect.getsource(buffer_module._ParamAndGradBucketGroup.start_grad_sync)
+    assert "bucket.grad_data *= bucket.gradient_scaling_factor" in start
+    assert "reduce_op = torch.distributed.ReduceOp.SUM" in start
+    init = inspect.getsource(buffer_module._ParamAndGradBucket.__init__)
+    for attribute in ("self.params_list", "self.grad_data", "self.gradient_scaling_factor"):
+        assert attribute in init
