@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
@@ -20,8 +21,9 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from megatron_lgs.arguments import Config, warmup_iters
+from megatron_lgs.arguments import Config, ConfigError, warmup_iters
 from megatron_lgs.lgs import sync
+from megatron_lgs.lgs.plan import PlanError
 from megatron_lgs.model import params_dtype
 
 
@@ -32,19 +34,24 @@ def wrap_ddp(cfg: Config, model: torch.nn.Module,
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM accumulates and reduces half-precision grads in fp32 by default.
         grad_reduce_in_fp32=cfg.precision.bf16 or cfg.precision.fp16,
-        # LGS needs the backward hooks' grad-ready signals and one buffer bucket per parameter
-        # (the fine layout its plan groups).
+        # LGS needs the backward hooks' grad-ready signals and small buffer buckets (the fine
+        # layout its plan groups).
         overlap_grad_reduce=o.overlap_grad_reduce or cfg.lgs.lgs,
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.use_distributed_optimizer,
-        bucket_size=1 if cfg.lgs.lgs else o.ddp_bucket_size,
+        bucket_size=sync.fine_bucket_size(
+            parallel_state.get_data_parallel_world_size(with_context_parallel=True),
+            o.use_distributed_optimizer) if cfg.lgs.lgs else o.ddp_bucket_size,
         # Non-finite grads must reach the step: FP16 backs off its loss scale on them, and the
         # stability monitor skips and counts the update (megatron's check would abort the run).
         check_for_nan_in_grad=False,
     )
     ddp = DistributedDataParallel(model.config, ddp_config, model)
     if cfg.lgs.lgs:
-        sync.install(ddp, sync.LgsEngine(ddp, cfg.lgs, log=log))
+        try:
+            sync.install(ddp, sync.LgsEngine(ddp, cfg.lgs, log=log))
+        except PlanError as exc:
+            raise ConfigError(str(exc)) from None
     return ddp
 
 

@@ -1,8 +1,9 @@
 """Hierarchical layer-wise gradient sync on megatron-core's DDP.
 
 megatron-core keeps owning the gradient buffers, the backward hooks, the no-sync context and
-the distributed optimizer's shards. LGS builds the DDP with one buffer bucket per parameter
-(the fine layout, which is also the distributed optimizer's sharding and never changes), then
+the distributed optimizer's shards. LGS builds the DDP with small buffer buckets (one per
+parameter, or a few small ones together with the distributed optimizer: `fine_bucket_size`);
+this fine layout is also the distributed optimizer's sharding and never changes. LGS then
 takes over *which buckets fire together and how*: `install` (the one place that reaches into
 megatron-core, pinned to 0.16.1 and tested in tests/unit/lgs/test_lgs_pins.py) routes each
 parameter's grad-ready signal to the engine and replaces the DDP's finish/zero calls.
@@ -24,6 +25,7 @@ reaches the optimizer is exactly megatron's reduced gradient, summed in another 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import threading
@@ -37,7 +39,16 @@ import torch.distributed as dist
 
 from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
-from megatron_lgs.lgs.plan import MB, Plan, PlanConfig, Unit, describe, layer_of, make_plan
+from megatron_lgs.lgs.plan import (
+    MB,
+    Plan,
+    PlanConfig,
+    PlanError,
+    Unit,
+    describe,
+    layer_of,
+    make_plan,
+)
 
 MEGATRON_CORE_VERSION = "0.16.1"  # install() relies on this version's DDP internals
 _TRACE_THREADS = {"backward": 1, "communication": 2}
@@ -113,10 +124,20 @@ def build_levels(groups: list[dist.ProcessGroup], per_node: int) -> list[Levels]
     return levels
 
 
+def fine_bucket_size(dp_size: int, distributed_optimizer: bool) -> int:
+    """megatron-core's bucket_size (parameters) for the fine layout LGS groups.
+
+    Plain DDP: one bucket per parameter. Distributed optimizer: each bucket is padded to a
+    multiple of lcm(D, 128) and split into D shards, and megatron's checkpoint format refuses a
+    rank whose shard is all padding; a bucket of at least D x lcm(D, 128) elements leaves real
+    elements on every rank (padding is under one lcm, the last shard starts (D-1)/D in)."""
+    return dp_size * math.lcm(dp_size, 128) if distributed_optimizer else 1
+
+
 # -- one megatron buffer ------------------------------------------------------------------------
 @dataclass
 class _Fine:
-    """One megatron-core buffer bucket (one parameter) in chunk coordinates."""
+    """One megatron-core buffer bucket in chunk coordinates."""
 
     bucket: object  # megatron's _ParamAndGradBucket
     name: str
@@ -230,9 +251,15 @@ class LgsEngine:
             elsize = buf.grad_data.element_size()
             for bucket in buf.buckets:
                 numel = bucket.grad_data.numel()
+                if self.distributed_optimizer and bucket.numel_unpadded <= numel - numel // d:
+                    raise PlanError(
+                        f"LGS: megatron-core bucket of {bucket.numel_unpadded} elements leaves a "
+                        f"data-parallel rank only padding, which megatron's distributed-optimizer "
+                        f"checkpoint cannot hold; run without --use-distributed-optimizer")
                 name = names[bucket.params_list[0]]
+                largest = max(bucket.params_list, key=lambda p: p.numel())
                 fine.append(_Fine(bucket, name, -(-numel // d), numel))
-                units.append(Unit(name, layer_of(name), fine[-1].chunk, d * elsize))
+                units.append(Unit(name, layer_of(names[largest]), fine[-1].chunk, d * elsize))
                 for p in bucket.params_list:
                     param_units[p] = len(units) - 1
             self.buffers.append(_BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
@@ -622,8 +649,7 @@ class _Router:
 
 def install(ddp, engine: LgsEngine) -> None:
     """Route megatron-core 0.16.1 DDP's gradient sync through `engine`. The DDP must have been
-    built with overlap_grad_reduce=True (so its hooks signal readiness) and bucket_size=1 (one
-    buffer bucket per parameter: the fine layout)."""
+    built with overlap_grad_reduce=True (so its hooks signal readiness) and `fine_bucket_size`."""
     for param, group in list(ddp.param_to_bucket_group.items()):
         ddp.param_to_bucket_group[param] = _Router(group, engine)
     megatron_zero = ddp.zero_grad_buffer
