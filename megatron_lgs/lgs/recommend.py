@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from megatron_lgs.lgs.costmodel import get_profile
-from megatron_lgs.lgs.simulate import GRID_MB, sweep
+from megatron_lgs.lgs.simulate import GRID_MB, preference, sweep
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
@@ -56,8 +56,7 @@ def recommend(w: Workload, grid_mb: list[int] = GRID_MB) -> Recommendation:
                if p.thresholds.intra_bytes <= r.wall.largest_threshold_bytes]
     smallest = min(p.thresholds.intra_bytes for p in r.predictions)
     candidates = fitting or [p for p in r.predictions if p.thresholds.intra_bytes == smallest]
-    best = min(candidates, key=lambda p: (round(p.step_time_s, 9), p.thresholds.intra_bytes,
-                                          p.thresholds.inter_bytes))
+    best = min(candidates, key=preference)
     th = best.thresholds
     return Recommendation(th.intra_bytes // MB, th.inter_bytes // MB, w.hw.name, best,
                           bool(fitting))

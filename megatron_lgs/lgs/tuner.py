@@ -14,10 +14,10 @@ by > 3% and the loss differs by < 0.5%"):
   measures `steps_per_trial` steps. Step times are compared by their medians, which a single
   slow step (a first step, a restart, a checkpoint write) does not move.
 - B replaces A only when its median step time is lower by more than `throughput_margin`
-  (relative) AND the mean losses over the matched steps differ by less than `loss_margin`
-  (relative; a non-finite loss never passes). A move needs evidence: going up, a tie keeps the
-  smaller threshold; going down it keeps the incumbent, so a flat response plus noise never
-  moves the tuner.
+  (relative) AND the mean losses over the matched steps (every A step has a B step at the same
+  position of the next trial) differ by less than `loss_margin` (relative; a non-finite loss
+  never passes). A move needs evidence: going up, a tie keeps the smaller threshold; going
+  down it keeps the incumbent, so a flat response plus noise never moves the tuner.
 - An accepted candidate becomes the incumbent and the search continues the same way; a rejected
   one ends that direction (gains saturated). Step time against threshold is taken to be
   U-shaped (latency on the left, an exposed tail on the right): once the upward search has moved,
