@@ -28,3 +28,4 @@ test-fast: install
 
 bench: install
 	$(PY) bench/step_overhead.py
+	$(PY) bench/lgs_simulate.py

@@ -1,8 +1,10 @@
-"""Layer-wise gradient sync: cost model, step simulator and threshold memory wall.
+"""Layer-wise gradient sync: cost model, step simulator, threshold memory wall, start-up
+recommendation and online threshold auto-tuner.
 
 All simulator figures are predictions of an alpha-beta model, never measurements.
 """
 
+from megatron_lgs.lgs.baselines import Plan, baseline_plans, megatron_default, predict_plan
 from megatron_lgs.lgs.costmodel import (
     PROFILES,
     HardwareProfile,
@@ -18,10 +20,22 @@ from megatron_lgs.lgs.costmodel import (
     tree_allreduce_time,
 )
 from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
+from megatron_lgs.lgs.recommend import (
+    DEFAULT_PROFILE,
+    Recommendation,
+    profile_for_device,
+    recommend,
+    recommend_for_config,
+    recommend_thresholds,
+    workload_for,
+    workload_for_config,
+)
 from megatron_lgs.lgs.timeline import StepPrediction, Thresholds, Workload, predict_step
+from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
 __all__ = [
+    "DEFAULT_PROFILE",
     "PROFILES",
     "HardwareProfile",
     "HierarchicalCost",
@@ -29,17 +43,31 @@ __all__ = [
     "Link",
     "MemoryWall",
     "ModelConfig",
+    "Plan",
+    "Recommendation",
     "StepPrediction",
+    "ThresholdTuner",
     "Thresholds",
+    "TunerConfig",
     "Workload",
     "all_gather_time",
+    "baseline_plans",
     "custom",
+    "describe",
     "get_profile",
     "hierarchical_allreduce",
+    "megatron_default",
     "memory_wall",
     "nccl_allreduce_busbw",
+    "predict_plan",
     "predict_step",
+    "profile_for_device",
+    "recommend",
+    "recommend_for_config",
+    "recommend_thresholds",
     "reduce_scatter_time",
     "ring_allreduce_time",
     "tree_allreduce_time",
+    "workload_for",
+    "workload_for_config",
 ]

@@ -159,8 +159,17 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
                          max(bwd_end, free), peak)
 
 
-def predict_step(w: Workload, th: Thresholds) -> StepPrediction:
-    """Predicted timeline of one step with thresholds `th` (see the module docstring)."""
+# A bucket no gradient buffer reaches: the whole buffer is one bucket, one inter message.
+ONE_BUCKET = Thresholds(1 << 62, 1 << 62)
+
+
+def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
+                 ) -> StepPrediction:
+    """Predicted timeline of one step with thresholds `th` (see the module docstring).
+
+    `bucket_later_stages=False` models megatron-core DDP, which turns bucketing off on pipeline
+    stages after the first: each of their gradient buffers is reduced as one bucket.
+    """
     lay = w.layout
     rate = w.hw.peak_flops * w.efficiency
     stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
@@ -172,14 +181,16 @@ def predict_step(w: Workload, th: Thresholds) -> StepPrediction:
     for k, ops in enumerate(stage_ops):
         bwd_end = compute_end - sum(tb[:k])
         busy = lay.num_micro_batches * per_mb[k]
-        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, th))
+        stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
+        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
     return StepPrediction(
         thresholds=th,
         step_time_s=step,
         compute_end_s=compute_end,
-        exposed_comm_s=step - compute_end,
+        # step >= compute_end exactly; the clamp drops the float sums' rounding residue.
+        exposed_comm_s=max(0.0, step - compute_end),
         comm_s=crit.comm_s,
         comm_fraction=crit.comm_s / step,
         gpu_idle_fraction=1 - crit.busy_s / step,
