@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from data_pipeline.tokenizer import MIN_VOCAB_SIZE
 from megatron_lgs.lgs.config import COMPRESSIONS, LgsConfig
+from megatron_lgs.lgs.costmodel import PROFILES
 from megatron_lgs.lgs.plan import WEIGHTINGS
 from megatron_lgs.stability import StabilityConfig
 
@@ -300,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
          help="largest inter-node message")
     _add(g, "--lgs-thresholds", lgs.lgs_thresholds, choices=["manual", "auto"],
          help="auto: the cost model's optimum for this layout and --lgs-hardware")
-    _add(g, "--lgs-hardware", lgs.lgs_hardware)
+    _add(g, "--lgs-hardware", lgs.lgs_hardware, type=str,
+         help="cost-model profile for auto (default: from the GPU; a100-hdr without one)")
     _add(g, "--lgs-layer-weighting", lgs.lgs_layer_weighting, choices=list(WEIGHTINGS))
     _add(g, "--lgs-memory-cap-mb", lgs.lgs_memory_cap_mb, type=float,
          help="most unsynchronized gradient bytes in flight")
@@ -313,7 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--lgs-trace-dir", lgs.lgs_trace_dir, type=str,
          help="write a Chrome trace of the bucket timeline per rank")
     _add(g, "--lgs-trace-steps", lgs.lgs_trace_steps)
-    _add(g, "--lgs-autotune", lgs.lgs_autotune)
+    _add(g, "--lgs-autotune", lgs.lgs_autotune,
+         help="refine the thresholds online by interleaved A/B trials")
+    _add(g, "--lgs-autotune-min-mb", lgs.lgs_autotune_min_mb)
+    _add(g, "--lgs-autotune-max-mb", lgs.lgs_autotune_max_mb)
+    _add(g, "--lgs-autotune-throughput-margin", lgs.lgs_autotune_throughput_margin)
+    _add(g, "--lgs-autotune-loss-margin", lgs.lgs_autotune_loss_margin)
 
     g = p.add_argument_group("batch and run")
     _add(g, "--micro-batch-size", t.micro_batch_size)
@@ -542,6 +549,14 @@ def _validate_lgs(cfg: Config) -> None:
                         ("--lgs-trace-steps", lgs.lgs_trace_steps)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if lgs.lgs_hardware is not None and lgs.lgs_hardware not in PROFILES:
+        raise ConfigError(f"--lgs-hardware {lgs.lgs_hardware!r} is not one of "
+                          f"{', '.join(sorted(PROFILES))}")
+    if not 0 < lgs.lgs_autotune_min_mb <= lgs.lgs_autotune_max_mb:
+        raise ConfigError("--lgs-autotune-min-mb must be > 0 and <= --lgs-autotune-max-mb")
+    if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:
+        raise ConfigError("--lgs-autotune-throughput-margin must be in [0, 1) and "
+                          "--lgs-autotune-loss-margin >= 0")
     if cfg.optim.ddp_bucket_size is not None:
         raise ConfigError("--ddp-bucket-size and --lgs both set bucket sizes; LGS plans its "
                           "buckets from --lgs-intra/inter-threshold-mb")

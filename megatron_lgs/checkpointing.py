@@ -202,7 +202,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     scheduler.num_steps = 0
     scheduler.load_state_dict(saved.scheduler)
     for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
-                 "iterations_to_skip", "stability", "data_mix"):
+                 "iterations_to_skip", "stability", "data_mix", "lgs_autotune"):
         setattr(state, name, getattr(saved, name))
     if not cfg.no_load_rng:
         rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"

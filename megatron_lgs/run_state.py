@@ -23,6 +23,7 @@ class RunState:
     scheduler: dict = field(default_factory=dict)
     stability: dict = field(default_factory=dict)
     data_mix: dict = field(default_factory=dict)  # every window's domain weights so far
+    lgs_autotune: dict = field(default_factory=dict)  # rank 0's threshold search (--lgs-autotune)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

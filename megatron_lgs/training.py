@@ -22,6 +22,7 @@ from data_pipeline.mixing import MixingConfig, MixingSchedule
 from megatron_lgs import checkpointing, data, initialize, memory, metrics, stability
 from megatron_lgs.arguments import Config, ConfigError, fail
 from megatron_lgs.exit_conditions import ExitConditions
+from megatron_lgs.lgs import online
 from megatron_lgs.model import flops_per_token, num_parameters
 from megatron_lgs.optim import (
     attach_schedule_hooks,
@@ -101,6 +102,11 @@ class Trainer:
         self.model = wrap_ddp(cfg, model_provider(cfg, self.platform, self.datasets.vocab_size),
                               log=print_rank_0)
         self.lgs = getattr(self.model, "lgs", None)
+        self.tuning = None
+        if self.lgs:
+            online.start_thresholds(cfg, self.lgs, print_rank_0)
+            if cfg.lgs.lgs_autotune:
+                self.tuning = online.OnlineTuning(cfg.lgs, self.lgs, print_rank_0)
         self.optimizer = build_optimizer(cfg, self.model)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         attach_schedule_hooks(cfg, self.model, self.optimizer)
@@ -120,6 +126,7 @@ class Trainer:
         self.metrics_file = metrics.MetricsFile(
             cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
         self.sinks = metrics.ScalarSinks(cfg.logging, cfg.to_dict()) if is_last_rank else None
+        self.last_step_seconds = 0.0
 
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
@@ -133,6 +140,11 @@ class Trainer:
                                                self.scheduler, self.lgs)
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
+            if self.tuning:
+                try:
+                    self.tuning.load_state_dict(self.state.lgs_autotune)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
             if self.datasets.schedule is not None and self.state.data_mix:
                 self.datasets.schedule.load_state_dict(self.state.data_mix)
         return loaded
@@ -255,6 +267,8 @@ class Trainer:
 
     def save(self) -> None:
         self.state.stability = self.monitor.state_dict()
+        if self.tuning:
+            self.state.lgs_autotune = self.tuning.state_dict()
         path = checkpointing.save_checkpoint(self.cfg.checkpoint, self.state, self.model,
                                              self.optimizer, self.scheduler, self.lgs)
         print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
@@ -275,6 +289,8 @@ class Trainer:
         first_iteration = s.iteration + 1
         while s.iteration < t.train_iters:
             iteration = s.iteration + 1
+            if self.tuning:
+                self.tuning.before_step()
             started = time.perf_counter()
             if iteration in s.iterations_to_skip:
                 result = self.skip_step(batches)
@@ -288,8 +304,10 @@ class Trainer:
             s.consumed_train_samples += t.global_batch_size
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
-            step_seconds = time.perf_counter() - started
+            step_seconds = self.last_step_seconds = time.perf_counter() - started
             interval.add(result.loss, step_seconds, result.reason == "nan")
+            if self.tuning:
+                self.tuning.after_step(iteration, step_seconds, result.loss)
             if result.reason:
                 print_rank_last(f" iteration {iteration}: {result.reason}; update "
                                 f"{'applied' if result.applied else 'skipped'}")
@@ -358,7 +376,7 @@ class Trainer:
             tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
             mfu=tflops / peak if peak else None))
         if self.lgs:
-            print_rank_last(metrics.lgs_log_line(self.lgs.stats, seconds_per_iteration))
+            print_rank_last(metrics.lgs_log_line(self.lgs.stats, self.last_step_seconds))
         variance = self.monitor.loss_variance()
         watch = metrics.watch_log_line(result.layer_grad_norms, result.update_ratio, variance)
         print_rank_last(watch)

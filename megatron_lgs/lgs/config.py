@@ -16,7 +16,7 @@ class LgsConfig:
     lgs_intra_threshold_mb: float = 160.0
     lgs_inter_threshold_mb: float = 24.0
     lgs_thresholds: str = "manual"
-    lgs_hardware: str = "a100-hdr"  # cost-model profile for `auto` when no GPU can be probed
+    lgs_hardware: str | None = None  # cost-model profile for `auto`; default: from the GPU
     lgs_layer_weighting: str = "params"
     lgs_memory_cap_mb: float | None = None
     lgs_split_large_tensors: bool = False
@@ -26,3 +26,7 @@ class LgsConfig:
     lgs_trace_dir: str | None = None
     lgs_trace_steps: int = 5
     lgs_autotune: bool = False
+    lgs_autotune_min_mb: float = 8.0
+    lgs_autotune_max_mb: float = 256.0
+    lgs_autotune_throughput_margin: float = 0.03
+    lgs_autotune_loss_margin: float = 0.005

@@ -288,10 +288,14 @@ class LgsEngine:
         cap = int(c.lgs_memory_cap_mb * MB) if c.lgs_memory_cap_mb else None
         return PlanConfig(threshold, c.lgs_layer_weighting, cap, c.lgs_split_large_tensors)
 
+    def thresholds_mb(self) -> tuple[float, float]:
+        return self.intra_bytes / MB, self.inter_bytes / MB
+
     def set_thresholds(self, intra_mb: float, inter_mb: float) -> None:
-        """Regroup from the next step on (the fine layout, and so the optimizer, never change)."""
+        """Regroup the buckets; only between steps. The fine layout, and so the distributed
+        optimizer's shards and the error-feedback residuals, stay as they are."""
         self.intra_bytes, self.inter_bytes = int(intra_mb * MB), int(inter_mb * MB)
-        self._pending_replan = True
+        self._replan()
 
     def _replan(self) -> None:
         for bs in self.buffers:

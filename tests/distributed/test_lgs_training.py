@@ -75,3 +75,40 @@ def test_resume_with_int8_is_bit_exact_because_residuals_are_restored(tiny, tmp_
     # Without the residuals the continuation differs: they are what made it exact.
     lost = run_pretrain([*args, "--load", str(without)], nproc=4, save_dir=without)
     assert lost.losses()[-4:] != straight[-4:]
+
+
+def test_autotune_decides_logs_and_resumes_without_restarting(tiny, tmp_path):
+    import re
+
+    # A search range that fits the tiny model's 0.5 MB of gradients; a loose loss margin,
+    # since early losses fall fast between the A and B trials.
+    tune = [*tiny, *FOUR, *LGS, "--lgs-thresholds", "auto", "--lgs-autotune",
+            "--lgs-autotune-min-mb", "0.02", "--lgs-autotune-max-mb", "0.32",
+            "--lgs-autotune-loss-margin", "0.05"]
+    save = tmp_path / "tuned"
+    first = run_pretrain([*tune, "--train-iters", "30", "--exit-interval", "15"], nproc=4,
+                         save_dir=save)
+    assert "LGS thresholds from the cost model" in first.stdout
+    state = json.loads((save / "iter_0000015" / "run_state.json").read_text())["lgs_autotune"]
+    assert state["decisions"], "the tuner decided nothing in 15 steps"
+    logged = re.findall(r"lgs-autotune (intra|inter) (up|down): .* steps (\d+)-(\d+)\)",
+                        first.stdout)
+    assert len(logged) == len(state["decisions"])
+
+    resumed = run_pretrain([*tune, "--train-iters", "30", "--load", str(save)], nproc=4,
+                           save_dir=save)
+    later = re.findall(r"lgs-autotune (?:intra|inter) (?:up|down): .* steps (\d+)-(\d+)\)",
+                       resumed.stdout)
+    # continued, not restarted: a comparison may straddle the resume, none ends before it
+    assert all(int(end) > 15 for _, end in later)
+    final = json.loads((save / "iter_0000030" / "run_state.json").read_text())["lgs_autotune"]
+    assert final["decisions"][:len(state["decisions"])] == state["decisions"]
+    assert len(final["decisions"]) == len(state["decisions"]) + len(later)
+    intra, inter = final["best"]
+
+    # The tuned run's losses equal a run fixed at the thresholds it chose.
+    fixed = run_pretrain([*tiny, *FOUR, *LGS, "--train-iters", "30",
+                          "--lgs-intra-threshold-mb", str(intra),
+                          "--lgs-inter-threshold-mb", str(inter)], nproc=4,
+                         save_dir=tmp_path / "fixed")
+    assert resumed.losses() == pytest.approx(fixed.losses(), abs=1e-6, rel=0)
