@@ -19,3 +19,15 @@ def test_step_overhead_bench_prints_its_ratio(data_cache):
         cwd=REPO, env=_base_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ratio trainer/minimal:" in proc.stdout
+
+
+def test_lgs_overlap_bench_prints_its_ratios():
+    proc = subprocess.run(
+        [sys.executable, "bench/lgs_overlap.py", "--rounds", "1", "--steps", "1",
+         "--hidden-size", "64", "--num-layers", "2", "--seq-length", "32",
+         "--intra-mb", "0.1", "--inter-mb", "0.05"],
+        cwd=REPO, env=_base_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for scheme in ("no overlap", "megatron", "LGS"):
+        assert f"\n{scheme} " in proc.stdout
+    assert "ratio LGS exposed / no-overlap exposed:" in proc.stdout
