@@ -15,6 +15,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from megatron_lgs import context_parallel
 from megatron_lgs.arguments import Config, ConfigError, parse_args
 from megatron_lgs.model import build_model
 from megatron_lgs.platform import Platform
@@ -37,7 +38,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:
 
 
 def forward_step(data_iterator, model: torch.nn.Module) -> tuple:
-    batch = next(data_iterator)
+    batch = context_parallel.batch_on_this_rank(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 

@@ -19,6 +19,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from megatron_lgs.arguments import Config
+from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.platform import Platform
 
 
@@ -99,6 +100,8 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int) -> torch.nn.Mo
         spec = get_gpt_layer_local_spec(num_experts=m.num_experts,
                                         moe_grouped_gemm=m.moe_grouped_gemm,
                                         normalization=m.normalization)
+        if cfg.parallel.context_parallel_size > 1:
+            use_context_parallel_attention(spec)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -129,6 +129,9 @@ CPU_PATCHES: dict[str, str] = {
     "device='cuda' factories in megatron modules": "grad scaler, optimizer found-inf flags, "
     "grad-norm clipping, schedules and the causal mask create tensors with device='cuda'; those "
     "modules see a torch whose factories map a CUDA device to the CPU (_CUDA_FACTORY_MODULES)",
+    "pin_memory=True factories in megatron modules": "rotary embeddings under context "
+    "parallelism stage an index in pinned memory, which fails without an accelerator; those "
+    "modules (_PINNED_MEMORY_MODULES) see the same torch view, which drops pin_memory",
 }
 
 # megatron-core modules whose source creates tensors with a hard-coded device="cuda".
@@ -145,6 +148,8 @@ _CUDA_FACTORY_MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
 )
+# megatron-core modules that stage tensors in pinned memory, which needs an accelerator.
+_PINNED_MEMORY_MODULES = ("megatron.core.models.common.embeddings.rope_utils",)
 _FACTORIES = ("tensor", "zeros", "ones", "empty", "empty_like", "full", "arange")
 
 
@@ -188,6 +193,7 @@ def _cpu_factory(factory):
     def make(*args, **kwargs):
         if _is_cuda_device(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        kwargs.pop("pin_memory", None)  # needs an accelerator; CPU memory is already host
         return factory(*args, **kwargs)
 
     return make
@@ -259,7 +265,7 @@ def _install_cpu_patches() -> None:
     dispatcher.maybe_move_tensor_to_cpu = split_sizes_to_cpu
 
     torch_view = _torch_with_cpu_factories()
-    for module_name in _CUDA_FACTORY_MODULES:
+    for module_name in _CUDA_FACTORY_MODULES + _PINNED_MEMORY_MODULES:
         importlib.import_module(module_name).torch = torch_view
 
 

@@ -53,6 +53,7 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--lgs", "--lgs-inter-threshold-mb", "0"], 1, "--lgs-inter-threshold-mb must be > 0"),
     (["--lgs", "--lgs-memory-cap-mb", "-1"], 1, "--lgs-memory-cap-mb must be > 0"),
     (["--lgs", "--ddp-bucket-size", "1000"], 1, "--ddp-bucket-size and --lgs"),
+    (["--context-parallel-size", "2", "--seq-length", "30"], 2, "divisible by 2 x "),
     (["--lgs", "--lgs-layer-weighting", "flops"], 1, "invalid choice"),
 ])
 def test_bad_combinations_are_rejected(argv, world, message, capsys):

@@ -38,6 +38,13 @@ def test_each_factory_patch_targets_a_module_that_still_hardcodes_cuda(module_na
         f"{module_name} no longer creates tensors on device='cuda'; drop it from the list")
 
 
+@pytest.mark.parametrize("module_name", platform._PINNED_MEMORY_MODULES)
+def test_each_pinned_memory_patch_targets_a_module_that_still_pins(module_name):
+    module = importlib.import_module(module_name)
+    assert "pin_memory=True" in inspect.getsource(module)
+    assert module.torch.tensor([1], pin_memory=True).device.type == "cpu"
+
+
 def test_factory_patch_puts_cuda_tensors_on_cpu_and_leaves_torch_alone():
     clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
     t = clip_grads.torch.zeros(2, device="cuda")
