@@ -1,6 +1,12 @@
 """Feeding micro-batches to the schedule: which samples this data-parallel rank takes, in order,
 from a given consumed-samples count. The dataset is map-style and each sample is a pure function
-of its global index, so the stream restarts anywhere (resume) with any number of workers."""
+of its global index, so the stream restarts anywhere (resume) with any number of workers.
+
+Megatron-LM's assignment: a global batch is cut into micro-batches of consecutive samples and
+micro-batch j goes to data-parallel rank j % DP. The set of micro-batches is then the same for
+every DP size, and so is anything computed per micro-batch rather than per token (MoE's
+load-balancing loss): an MoE run with DP=2 follows the single-process run.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,16 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_pipeline import collate, global_batch_indices
+from data_pipeline import collate
+
+
+def rank_micro_batches(start_sample: int, global_batch_size: int, micro_batch_size: int,
+                       dp_rank: int, dp_size: int) -> list[list[int]]:
+    """This rank's micro-batches (global sample indices) of the global batch at `start_sample`."""
+    count = global_batch_size // micro_batch_size
+    return [list(range(start_sample + j * micro_batch_size,
+                       start_sample + (j + 1) * micro_batch_size))
+            for j in range(dp_rank, count, dp_size)]
 
 
 class MicroBatchSampler(Sampler[list[int]]):
@@ -27,9 +42,8 @@ class MicroBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         start = self.consumed_samples
         while True:
-            mine = global_batch_indices(start, self.global_batch_size, self.dp_rank, self.dp_size)
-            for k in range(0, len(mine), self.micro_batch_size):
-                yield mine[k:k + self.micro_batch_size]
+            yield from rank_micro_batches(start, self.global_batch_size, self.micro_batch_size,
+                                          self.dp_rank, self.dp_size)
             start += self.global_batch_size
 
 
@@ -54,10 +68,9 @@ def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
 def eval_micro_batches(eval_iters: int, global_batch_size: int, micro_batch_size: int,
                        dp_rank: int, dp_size: int) -> list[list[int]]:
     """This rank's micro-batches of the first `eval_iters` global batches."""
-    mine = [i for k in range(eval_iters)
-            for i in global_batch_indices(k * global_batch_size, global_batch_size, dp_rank,
-                                          dp_size)]
-    return [mine[k:k + micro_batch_size] for k in range(0, len(mine), micro_batch_size)]
+    return [batch for k in range(eval_iters)
+            for batch in rank_micro_batches(k * global_batch_size, global_batch_size,
+                                            micro_batch_size, dp_rank, dp_size)]
 
 
 def fixed_batches(dataset: Dataset, batches: Sequence[list[int]]) -> Iterator[dict]:

@@ -9,6 +9,7 @@ scheduler -> log -> eval -> checkpoint/exit.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from megatron_lgs.optim import (
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_state import RunState, config_fingerprint
 
-ModelProvider = Callable[[Config, Platform, int], torch.nn.Module]
+# (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
+ModelProvider = Callable[..., torch.nn.Module]
 ForwardStep = Callable[[Iterator, torch.nn.Module], tuple]
 
 
@@ -83,6 +85,12 @@ def _reduce_loss(losses: list[dict]) -> float:
     return (total[0] / total[1]).item()
 
 
+def per_chunk(batches: Iterator, chunks: int) -> Iterator | list[Iterator]:
+    """The interleaved schedule wants one iterator per model chunk, each reading the same
+    micro-batches; tee copies the stream, so it still advances by one step's micro-batches."""
+    return batches if chunks == 1 else list(itertools.tee(batches, chunks))
+
+
 class Trainer:
     def __init__(self, cfg: Config, model_provider: ModelProvider, forward_step: ForwardStep,
                  datasets_provider: DatasetsProvider) -> None:
@@ -93,7 +101,9 @@ class Trainer:
         initialize.set_seeds(cfg.training.seed)
 
         self.datasets = datasets_provider(cfg)
-        self.model = wrap_ddp(cfg, model_provider(cfg, self.platform, self.datasets.vocab_size))
+        # A list of model chunks, as in Megatron-LM: one per virtual pipeline stage (or one).
+        self.model = wrap_ddp(cfg, build_model_chunks(cfg, model_provider, self.platform,
+                                                      self.datasets.vocab_size))
         self.optimizer = build_optimizer(cfg, self.model)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         attach_schedule_hooks(cfg, self.model, self.optimizer)
@@ -132,7 +142,7 @@ class Trainer:
 
     def _log_setup(self) -> None:
         c = self.cfg
-        n = num_parameters(self.model)
+        n = sum(num_parameters(chunk) for chunk in self.model)
         print_rank_last(
             f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
             f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"
@@ -151,12 +161,14 @@ class Trainer:
 
     def train_step(self, batches: Iterator, iteration: int, watch: bool = False) -> StepResult:
         """One optimizer step over a global batch; `watch` adds the log-interval diagnostics."""
-        self.model.zero_grad_buffer()
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         t = self.cfg.training
         losses = self.forward_backward(
-            forward_step_func=self._forward_step_for(iteration), data_iterator=batches,
-            model=[self.model], num_microbatches=self.num_microbatches,
+            forward_step_func=self._forward_step_for(iteration),
+            data_iterator=per_chunk(batches, len(self.model)),
+            model=self.model, num_microbatches=self.num_microbatches,
             seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
             forward_only=False)
         result = StepResult(loss=_reduce_loss(losses), grad_norm=None, applied=False,
@@ -206,15 +218,17 @@ class Trainer:
         t = self.cfg.training
         micro = data.eval_micro_batches(t.eval_iters, t.global_batch_size, t.micro_batch_size,
                                         self.dp_rank, self.dp_size)
-        self.model.eval()
+        for chunk in self.model:
+            chunk.eval()
         with torch.no_grad():
             losses = self.forward_backward(
                 forward_step_func=self.forward_step,
-                data_iterator=data.fixed_batches(dataset, micro),
-                model=[self.model], num_microbatches=len(micro),
+                data_iterator=per_chunk(data.fixed_batches(dataset, micro), len(self.model)),
+                model=self.model, num_microbatches=len(micro),
                 seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
                 forward_only=True)
-        self.model.train()
+        for chunk in self.model:
+            chunk.train()
         return _reduce_loss(losses)
 
     def evaluate(self) -> float | None:
@@ -361,6 +375,14 @@ class Trainer:
             k.replace(" ", "_").replace("/", "."): v for k, v in scalars.items()})
         if self.sinks:
             self.sinks.add(scalars, s.iteration)
+
+
+def build_model_chunks(cfg: Config, model_provider: ModelProvider, platform: Platform,
+                       vocab_size: int) -> list[torch.nn.Module]:
+    chunks = cfg.parallel.virtual_pipeline_size(cfg.model.num_layers)
+    if chunks is None:
+        return [model_provider(cfg, platform, vocab_size)]
+    return [model_provider(cfg, platform, vocab_size, vp_stage) for vp_stage in range(chunks)]
 
 
 def pretrain(cfg: Config, model_provider: ModelProvider, forward_step: ForwardStep,
