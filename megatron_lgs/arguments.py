@@ -144,6 +144,9 @@ class TrainingConfig:
     exit_signal_handler: bool = False
     iterations_to_skip: tuple[int, ...] = ()
     log_interval: int = 10
+    # Megatron-LM's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from
+    # START by INCREMENT, evenly over the first SAMPLES samples, up to --global-batch-size.
+    rampup_batch_size: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--iterations-to-skip", type=int, nargs="+", default=[],
                    help="iterations whose batches are consumed without an update")
     _add(g, "--log-interval", t.log_interval)
+    g.add_argument("--rampup-batch-size", type=int, nargs=3, default=None,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch from START by INCREMENT over SAMPLES samples")
 
     g = p.add_argument_group("stability")
     _add(g, "--loss-spike-action", st.spike_action, choices=["log", "skip", "rollback"],
@@ -456,6 +462,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
                           f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
     _validate_pipeline(cfg)
+    _validate_rampup(cfg)
     _validate_recompute(m, pp)
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
@@ -542,6 +549,29 @@ def _validate_pipeline(cfg: Config) -> None:
                           f"({micro_batches}) divisible by --pipeline-model-parallel-size ({pp})")
 
 
+def _validate_rampup(cfg: Config) -> None:
+    """megatron-core's batch-size calculator asserts these; here they are one line each."""
+    t, par = cfg.training, cfg.parallel
+    if t.rampup_batch_size is None:
+        return
+    start, increment, samples = t.rampup_batch_size
+    unit = t.micro_batch_size * par.data_parallel_size
+    if not 0 < start < t.global_batch_size or increment < 1 or samples < 1:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: START must be in "
+                          f"1..{t.global_batch_size - 1}, INCREMENT >= 1 and SAMPLES >= 1")
+    if (t.global_batch_size - start) % increment:
+        raise ConfigError(f"--rampup-batch-size: --global-batch-size - START "
+                          f"({t.global_batch_size - start}) must be a multiple of INCREMENT "
+                          f"({increment})")
+    if start % unit or increment % unit:
+        raise ConfigError(f"--rampup-batch-size: START ({start}) and INCREMENT ({increment}) must "
+                          f"be multiples of --micro-batch-size x data-parallel size ({unit})")
+    pp = par.pipeline_model_parallel_size
+    if par.num_layers_per_virtual_pipeline_stage and (start // unit % pp or increment // unit % pp):
+        raise ConfigError("--rampup-batch-size with the interleaved schedule: every step's "
+                          f"micro-batch count must be divisible by PP ({pp})")
+
+
 def _validate_recompute(m: ModelConfig, pp: int) -> None:
     """Megatron-LM's rules: full recompute names its method and layer count; selective
     recomputes the attention core of every layer and takes neither."""
@@ -578,7 +608,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
         parallel=_pick(ParallelConfig, ns, world_size=world_size),
         precision=_pick(PrecisionConfig, ns),
         optim=_pick(OptimizerConfig, ns),
-        training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip)),
+        training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip),
+                       rampup_batch_size=tuple(ns.rampup_batch_size) if ns.rampup_batch_size
+                       else None),
         checkpoint=_pick(CheckpointConfig, ns),
         data=_pick(DataArgs, ns, data_path=tuple(ns.data_path),
                    domain_weights=_domain_weights(ns.domain_weights)),

@@ -117,6 +117,8 @@ class Trainer:
         t = cfg.training
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.batch_sizes = data.BatchSizeSchedule(t.global_batch_size, t.micro_batch_size,
+                                                  self.dp_size, t.rampup_batch_size)
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * self.dp_size)
         self.flops_per_token = flops_per_token(cfg, self.datasets.vocab_size)
         is_last_rank = dist.get_rank() == dist.get_world_size() - 1
@@ -267,7 +269,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
     def _batches(self) -> Iterator:
         t, s = self.cfg.training, self.state
-        sampler = data.MicroBatchSampler(s.consumed_train_samples, t.global_batch_size,
+        sampler = data.MicroBatchSampler(s.consumed_train_samples, self.batch_sizes,
                                          t.micro_batch_size, self.dp_rank, self.dp_size)
         return data.micro_batch_stream(self.datasets.train, sampler, self.cfg.data.num_workers)
 
@@ -281,6 +283,8 @@ class Trainer:
         while s.iteration < t.train_iters:
             iteration = s.iteration + 1
             started = time.perf_counter()
+            batch_size = self.batch_sizes.at(s.consumed_train_samples)  # --rampup-batch-size
+            self.num_microbatches = batch_size // (t.micro_batch_size * self.dp_size)
             if iteration in s.iterations_to_skip:
                 result = self.skip_step(batches)
             else:
@@ -290,7 +294,7 @@ class Trainer:
                 batches = self._batches()
                 continue
             s.iteration = iteration
-            s.consumed_train_samples += t.global_batch_size
+            s.consumed_train_samples += batch_size
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
             interval.add(result.loss, time.perf_counter() - started, result.reason == "nan")
@@ -306,7 +310,7 @@ class Trainer:
                 loss_scale=self.optimizer.get_loss_scale().item(), **self._mix_weights())
 
             if s.iteration % t.log_interval == 0:
-                self._log_interval(interval, result, lr)
+                self._log_interval(interval, result, lr, batch_size)
                 interval = metrics.IntervalStats()
             if s.iteration % t.eval_interval == 0 or s.iteration == t.train_iters:
                 self.evaluate()
@@ -342,10 +346,10 @@ class Trainer:
                                 per_rank=per_rank)
 
     def _log_interval(self, interval: metrics.IntervalStats, result: StepResult,
-                      lr: float) -> None:
+                      lr: float, global_batch_size: int) -> None:
         t, s = self.cfg.training, self.state
         seconds_per_iteration = interval.step_seconds / interval.iterations
-        tokens_per_second = t.global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
+        tokens_per_second = global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
         tflops = tokens_per_second * self.flops_per_token / 1e12 / self.cfg.parallel.world_size
         peak = metrics.gpu_peak_tflops()
         loss_scale = self.optimizer.get_loss_scale().item()
@@ -353,7 +357,7 @@ class Trainer:
             iteration=s.iteration, train_iters=t.train_iters,
             consumed_samples=s.consumed_train_samples,
             ms_per_iteration=1000 * seconds_per_iteration, lr=lr,
-            global_batch_size=t.global_batch_size, loss=interval.mean_loss(),
+            global_batch_size=global_batch_size, loss=interval.mean_loss(),
             loss_scale=loss_scale, grad_norm=result.grad_norm,
             skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
             tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
