@@ -22,8 +22,10 @@ from megatron_lgs.platform import Platform
 from megatron_lgs.training import Datasets, pretrain
 
 
-def model_provider(cfg: Config, platform: Platform, vocab_size: int) -> torch.nn.Module:
-    return build_model(cfg, platform, vocab_size)
+def model_provider(cfg: Config, platform: Platform, vocab_size: int,
+                   vp_stage: int | None = None) -> torch.nn.Module:
+    """This rank's model chunk (`vp_stage`: its virtual pipeline stage, interleaved schedule)."""
+    return build_model(cfg, platform, vocab_size, vp_stage)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:

@@ -79,7 +79,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     models = {}
     for name, c in configs.items():
         initialize.set_seeds(c.training.seed)
-        models[name] = wrap_ddp(c, build_model(c, platform, 4096), log=lambda _: None)
+        [models[name]] = wrap_ddp(c, [build_model(c, platform, 4096)], log=lambda _: None)
     g = torch.Generator().manual_seed(rank)
     tokens = torch.randint(0, 4096, (2, args.seq_length + 1), generator=g)
     position_ids = torch.arange(args.seq_length).expand(2, args.seq_length)

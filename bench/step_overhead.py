@@ -49,11 +49,12 @@ def main() -> None:
         trainer.train_step(ours_batches, next(iterations))
 
     def minimal() -> None:
-        trainer.model.zero_grad_buffer()
+        for chunk in trainer.model:
+            chunk.zero_grad_buffer()
         trainer.optimizer.zero_grad()
         trainer.forward_backward(
             forward_step_func=pretrain_gpt.forward_step,
-            data_iterator=iter([fixed] * trainer.num_microbatches), model=[trainer.model],
+            data_iterator=iter([fixed] * trainer.num_microbatches), model=trainer.model,
             num_microbatches=trainer.num_microbatches, seq_length=cfg.model.seq_length,
             micro_batch_size=t.micro_batch_size, forward_only=False)
         trainer.optimizer.step()

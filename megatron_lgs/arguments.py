@@ -57,6 +57,10 @@ class ModelConfig:
     moe_token_drop_policy: str = "probs"
     moe_token_dispatcher_type: str = "allgather"
     moe_grouped_gemm: bool = False
+    # Activation recompute (Megatron-LM's flags), passed to megatron-core's TransformerConfig.
+    recompute_granularity: str | None = None  # full | selective
+    recompute_method: str | None = None  # uniform | block (full only)
+    recompute_num_layers: int | None = None
 
     @property
     def ffn_size(self) -> int:
@@ -72,6 +76,14 @@ class ParallelConfig:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
+    num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B when set
+
+    def virtual_pipeline_size(self, num_layers: int) -> int | None:
+        """Model chunks per pipeline rank (Megatron-LM's rule); None without interleaving."""
+        per_stage = self.num_layers_per_virtual_pipeline_stage
+        if per_stage is None:
+            return None
+        return num_layers // self.pipeline_model_parallel_size // per_stage
 
     @property
     def data_parallel_size(self) -> int:
@@ -135,6 +147,9 @@ class TrainingConfig:
     exit_signal_handler: bool = False
     iterations_to_skip: tuple[int, ...] = ()
     log_interval: int = 10
+    # Megatron-LM's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from
+    # START by INCREMENT, evenly over the first SAMPLES samples, up to --global-batch-size.
+    rampup_batch_size: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--expert-model-parallel-size", par.expert_model_parallel_size)
     _add(g, "--expert-tensor-parallel-size", par.expert_tensor_parallel_size, type=int)
     _add(g, "--sequence-parallel", par.sequence_parallel)
+    _add(g, "--num-layers-per-virtual-pipeline-stage", par.num_layers_per_virtual_pipeline_stage,
+         type=int, help="interleaved pipeline schedule: layers in each model chunk")
+
+    g = p.add_argument_group("activation recompute")
+    _add(g, "--recompute-granularity", m.recompute_granularity, type=str,
+         choices=["full", "selective"])
+    _add(g, "--recompute-method", m.recompute_method, type=str, choices=["uniform", "block"])
+    _add(g, "--recompute-num-layers", m.recompute_num_layers, type=int)
 
     g = p.add_argument_group("precision")
     _add(g, "--bf16", pr.bf16)
@@ -336,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--iterations-to-skip", type=int, nargs="+", default=[],
                    help="iterations whose batches are consumed without an update")
     _add(g, "--log-interval", t.log_interval)
+    g.add_argument("--rampup-batch-size", type=int, nargs=3, default=None,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch from START by INCREMENT over SAMPLES samples")
 
     g = p.add_argument_group("stability")
     _add(g, "--loss-spike-action", st.spike_action, choices=["log", "skip", "rollback"],
@@ -468,6 +494,12 @@ def validate(cfg: Config) -> None:
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
                           f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
+    _validate_pipeline(cfg)
+    _validate_rampup(cfg)
+    _validate_recompute(m, pp)
+    if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
+        raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                          "(megatron-core's MoE layer refuses to train without it)")
     if par.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:
@@ -566,6 +598,72 @@ def _validate_lgs(cfg: Config) -> None:
                           "buckets from --lgs-intra/inter-threshold-mb")
 
 
+def _validate_pipeline(cfg: Config) -> None:
+    par, t = cfg.parallel, cfg.training
+    per_stage, pp = par.num_layers_per_virtual_pipeline_stage, par.pipeline_model_parallel_size
+    if per_stage is None:
+        return
+    if pp < 2:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage needs "
+                          "--pipeline-model-parallel-size > 1")
+    if per_stage < 1 or (cfg.model.num_layers // pp) % per_stage:
+        raise ConfigError(f"--num-layers-per-virtual-pipeline-stage ({per_stage}) must divide "
+                          f"the layers of each pipeline stage ({cfg.model.num_layers // pp})")
+    if par.virtual_pipeline_size(cfg.model.num_layers) < 2:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage must leave at least 2 model "
+                          "chunks per pipeline stage (otherwise drop the flag)")
+    micro_batches = t.global_batch_size // (t.micro_batch_size * par.data_parallel_size)
+    if micro_batches % pp:
+        raise ConfigError(f"the interleaved schedule needs micro-batches per step "
+                          f"({micro_batches}) divisible by --pipeline-model-parallel-size ({pp})")
+
+
+def _validate_rampup(cfg: Config) -> None:
+    """megatron-core's batch-size calculator asserts these; here they are one line each."""
+    t, par = cfg.training, cfg.parallel
+    if t.rampup_batch_size is None:
+        return
+    start, increment, samples = t.rampup_batch_size
+    unit = t.micro_batch_size * par.data_parallel_size
+    if not 0 < start < t.global_batch_size or increment < 1 or samples < 1:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: START must be in "
+                          f"1..{t.global_batch_size - 1}, INCREMENT >= 1 and SAMPLES >= 1")
+    if (t.global_batch_size - start) % increment:
+        raise ConfigError(f"--rampup-batch-size: --global-batch-size - START "
+                          f"({t.global_batch_size - start}) must be a multiple of INCREMENT "
+                          f"({increment})")
+    if start % unit or increment % unit:
+        raise ConfigError(f"--rampup-batch-size: START ({start}) and INCREMENT ({increment}) must "
+                          f"be multiples of --micro-batch-size x data-parallel size ({unit})")
+    pp = par.pipeline_model_parallel_size
+    if par.num_layers_per_virtual_pipeline_stage and (start // unit % pp or increment // unit % pp):
+        raise ConfigError("--rampup-batch-size with the interleaved schedule: every step's "
+                          f"micro-batch count must be divisible by PP ({pp})")
+
+
+def _validate_recompute(m: ModelConfig, pp: int) -> None:
+    """Megatron-LM's rules: full recompute names its method and layer count; selective
+    recomputes the attention core of every layer and takes neither."""
+    granularity, method, layers = m.recompute_granularity, m.recompute_method, \
+        m.recompute_num_layers
+    if granularity is None:
+        if method is not None or layers is not None:
+            raise ConfigError("--recompute-method and --recompute-num-layers need "
+                              "--recompute-granularity full")
+    elif granularity == "selective":
+        if method is not None or layers is not None:
+            raise ConfigError("--recompute-granularity selective takes no --recompute-method or "
+                              "--recompute-num-layers (those are for full recompute)")
+    else:
+        if method is None or layers is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method "
+                              "uniform|block and --recompute-num-layers")
+        per_stage = m.num_layers // pp
+        if not 1 <= layers <= per_stage:
+            raise ConfigError(f"--recompute-num-layers ({layers}) must be in 1..{per_stage} "
+                              f"(the layers of one pipeline stage)")
+
+
 def warmup_iters(cfg: Config) -> int:
     o = cfg.optim
     if o.lr_warmup_fraction is not None:
@@ -579,7 +677,9 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
         parallel=_pick(ParallelConfig, ns, world_size=world_size),
         precision=_pick(PrecisionConfig, ns),
         optim=_pick(OptimizerConfig, ns),
-        training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip)),
+        training=_pick(TrainingConfig, ns, iterations_to_skip=tuple(ns.iterations_to_skip),
+                       rampup_batch_size=tuple(ns.rampup_batch_size) if ns.rampup_batch_size
+                       else None),
         checkpoint=_pick(CheckpointConfig, ns),
         data=_pick(DataArgs, ns, data_path=tuple(ns.data_path),
                    domain_weights=_domain_weights(ns.domain_weights)),

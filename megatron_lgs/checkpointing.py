@@ -114,12 +114,19 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(dict(state["tracker"]))
 
 
-def _sharded_state_dict(model, optimizer: MegatronOptimizer | None, is_loading: bool) -> dict:
+def _model_keys(model: list) -> list[str]:
+    """Megatron-LM's keys: "model", or "model0", "model1", ... for virtual pipeline chunks."""
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
+def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
+                        is_loading: bool) -> dict:
     # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers.
-    state = {"model": unwrap_model(model).sharded_state_dict()}
+    state = {key: chunk.sharded_state_dict()
+             for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True)}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
-            state["model"], is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
+            dict(state), is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
     return state
 
 
@@ -191,7 +198,8 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     load_optim = not (cfg.no_load_optim or cfg.finetune)
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     loaded = dist_checkpointing.load(sharded, str(directory))
-    unwrap_model(model).load_state_dict(loaded["model"])
+    for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
+        chunk.load_state_dict(loaded[key])
     if load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
     if cfg.finetune:

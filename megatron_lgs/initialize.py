@@ -69,12 +69,14 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
         context_parallel_size=par.context_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_size(cfg.model.num_layers),
     )
 
 
 def set_seeds(seed: int) -> None:
-    """Megatron's scheme: the data-parallel seed differs per pipeline stage, and the tracker
-    derives tensor- and expert-parallel seeds from it."""
+    """Megatron's scheme for the random streams of the run (dropout): the data-parallel seed
+    differs per pipeline stage, and the tracker derives tensor- and expert-parallel seeds from
+    it. Initial weights do not come from these streams (init_weights)."""
     seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)

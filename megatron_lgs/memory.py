@@ -22,10 +22,13 @@ def _inner_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimize
     return [o.optimizer for o in chained]
 
 
-def memory_bytes(model: DistributedDataParallel, optimizer: MegatronOptimizer) -> dict[str, int]:
-    """Bytes on this rank. Optimizer state is created lazily by torch: measure after a step."""
-    params = list(model.parameters())
-    grads = _bytes(buffer.grad_data for buffer in model.buffers + model.expert_parallel_buffers)
+def memory_bytes(model: list[DistributedDataParallel],
+                 optimizer: MegatronOptimizer) -> dict[str, int]:
+    """Bytes on this rank (all its model chunks). Optimizer state is created lazily by torch:
+    measure after a step."""
+    params = [p for chunk in model for p in chunk.parameters()]
+    grads = _bytes(buffer.grad_data for chunk in model
+                   for buffer in chunk.buffers + chunk.expert_parallel_buffers)
     model_storages = {p.untyped_storage().data_ptr() for p in params}
     main_weights, moments = 0, 0
     for inner in _inner_optimizers(optimizer):
@@ -39,7 +42,7 @@ def memory_bytes(model: DistributedDataParallel, optimizer: MegatronOptimizer) -
             "optimizer_state": main_weights + moments}
 
 
-def gather_memory(model: DistributedDataParallel,
+def gather_memory(model: list[DistributedDataParallel],
                   optimizer: MegatronOptimizer) -> list[dict[str, int]]:
     """Every rank's numbers, in rank order (collective)."""
     mine = memory_bytes(model, optimizer)

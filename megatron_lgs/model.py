@@ -7,6 +7,8 @@ dist_checkpointing format maps between them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
@@ -15,11 +17,16 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import ModuleSpec, TransformerConfig
 from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 
 from megatron_lgs.arguments import Config
 from megatron_lgs.context_parallel import use_context_parallel_attention
+from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
 
 
@@ -62,6 +69,13 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_size(m.num_layers),
+        # Batched isend/irecv gives silently wrong gradients on gloo when both pipeline
+        # neighbours are the same rank (PP=2); separate sends and receives are correct.
+        batch_p2p_comm=on_gpu,
+        recompute_granularity=m.recompute_granularity,
+        recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers,
         num_moe_experts=m.num_experts,
         moe_ffn_hidden_size=m.moe_ffn_hidden_size or (m.ffn_size if m.num_experts else None),
         moe_router_topk=m.moe_router_topk,
@@ -76,7 +90,8 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         pipeline_dtype=dtype,
         bf16=cfg.precision.bf16,
         fp16=cfg.precision.fp16,
-        # The same seed gives the same full weights whatever the tensor-parallel layout.
+        # Full weights built once then split; init_weights then redraws every parameter from
+        # its global name, so the layout never changes the model.
         use_cpu_initialization=True,
         # Fused kernels exist only on GPU (TE/Apex/torch.compile'd); unfused math elsewhere.
         masked_softmax_fusion=on_gpu,
@@ -88,31 +103,71 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
     )
 
 
-def build_model(cfg: Config, platform: Platform, vocab_size: int) -> torch.nn.Module:
-    """One model chunk for this rank's pipeline stage; in BF16/FP16 wrapped, as Megatron-LM
-    does, in Float16Module, which casts inputs and outputs at the chunk's boundary."""
+class SequenceParallelNorm:
+    """torch's LayerNorm/RMSNorm for the local spec with sequence parallelism: megatron-core's
+    WrappedTorchNorm refuses SP, yet a norm acts per token, so it is correct on a sequence shard
+    as long as its weight gradients, partial over this rank's tokens, are summed over the
+    tensor-parallel group. Marking the weights `sequence_parallel` makes megatron-core's
+    finalize_model_grads do exactly that."""
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
+                **_: object) -> torch.nn.Module:
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def local_block_spec(cfg: Config, config: TransformerConfig,
+                     vp_stage: int | None) -> ModuleSpec | TransformerBlockSubmodules:
+    """megatron-core's local layer spec; with context parallelism, its core attention replaced
+    by ContextParallelAttention; with sequence parallelism, its norms (and the final norm)
+    replaced by SequenceParallelNorm."""
+    m = cfg.model
+    layer = get_gpt_layer_local_spec(num_experts=m.num_experts,
+                                     moe_grouped_gemm=m.moe_grouped_gemm,
+                                     normalization=m.normalization)
+    if config.context_parallel_size > 1:
+        use_context_parallel_attention(layer)
+    if not config.sequence_parallel:
+        return layer
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, input_layernorm=SequenceParallelNorm,
+        pre_mlp_layernorm=SequenceParallelNorm))
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_norm=SequenceParallelNorm)
+
+
+def build_model(cfg: Config, platform: Platform, vocab_size: int,
+                vp_stage: int | None = None) -> torch.nn.Module:
+    """One model chunk: this rank's pipeline stage, or its virtual stage `vp_stage` under the
+    interleaved schedule. Weights follow init_weights (the same full model on any layout). In
+    BF16/FP16 wrapped, as Megatron-LM does, in Float16Module, which casts inputs and outputs at
+    the chunk's boundary."""
     config = transformer_config(cfg, platform)
     m = cfg.model
     if use_transformer_engine(cfg, platform):
         spec = get_gpt_layer_with_transformer_engine_spec(
             num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm)
     else:
-        spec = get_gpt_layer_local_spec(num_experts=m.num_experts,
-                                        moe_grouped_gemm=m.moe_grouped_gemm,
-                                        normalization=m.normalization)
-        if cfg.parallel.context_parallel_size > 1:
-            use_context_parallel_attention(spec)
+        spec = local_block_spec(cfg, config, vp_stage)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(vocab_size, cfg.model.make_vocab_size_divisible_by,
                                      cfg.parallel.tensor_model_parallel_size),
         max_sequence_length=cfg.model.max_position_embeddings or cfg.model.seq_length,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
+                                                           vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
+                                                           vp_stage=vp_stage),
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
+        vp_stage=vp_stage,
     )
+    initialize_layout_independent(model, config, cfg.training.seed)
     model = model.to(platform.device)
     if cfg.precision.bf16 or cfg.precision.fp16:
         model = Float16Module(config, model)

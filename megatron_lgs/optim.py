@@ -27,9 +27,11 @@ from megatron_lgs.lgs.plan import PlanError
 from megatron_lgs.model import params_dtype
 
 
-def wrap_ddp(cfg: Config, model: torch.nn.Module,
-             log: Callable[[str], None] = print) -> DistributedDataParallel:
-    """megatron-core's DDP; with --lgs, the layer-wise engine takes over its gradient sync."""
+def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
+             log: Callable[[str], None] = print) -> list[DistributedDataParallel]:
+    """One DDP per model chunk; as in Megatron-LM, chunks after the first are not bucketed
+    (their gradients are ready only at the very end of the interleaved backward). With --lgs,
+    one layer-wise engine takes over the gradient sync of all chunks."""
     o = cfg.optim
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM accumulates and reduces half-precision grads in fp32 by default.
@@ -46,16 +48,17 @@ def wrap_ddp(cfg: Config, model: torch.nn.Module,
         # stability monitor skips and counts the update (megatron's check would abort the run).
         check_for_nan_in_grad=False,
     )
-    ddp = DistributedDataParallel(model.config, ddp_config, model)
+    ddps = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(chunks)]
     if cfg.lgs.lgs:
         try:
-            sync.install(ddp, sync.LgsEngine(ddp, cfg.lgs, log=log))
+            sync.install(ddps, sync.LgsEngine(ddps, cfg.lgs, log=log))
         except PlanError as exc:
             raise ConfigError(str(exc)) from None
-    return ddp
+    return ddps
 
 
-def build_optimizer(cfg: Config, model: DistributedDataParallel) -> MegatronOptimizer:
+def build_optimizer(cfg: Config, model: list[DistributedDataParallel]) -> MegatronOptimizer:
     o, p = cfg.optim, cfg.precision
     config = MegatronOptimizerConfig(
         optimizer=o.optimizer,
@@ -78,7 +81,7 @@ def build_optimizer(cfg: Config, model: DistributedDataParallel) -> MegatronOpti
         use_distributed_optimizer=o.use_distributed_optimizer,
         overlap_param_gather=o.overlap_param_gather,
     )
-    return get_megatron_optimizer(config, [model])
+    return get_megatron_optimizer(config, model)
 
 
 def build_scheduler(cfg: Config, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
@@ -103,17 +106,20 @@ def build_scheduler(cfg: Config, optimizer: MegatronOptimizer) -> OptimizerParam
     )
 
 
-def attach_schedule_hooks(cfg: Config, model: DistributedDataParallel,
+def attach_schedule_hooks(cfg: Config, model: list[DistributedDataParallel],
                           optimizer: MegatronOptimizer) -> None:
     """What megatron's forward_backward_func reads from the model config: loss scaling, the
     no-sync context for all but the last micro-batch, and the end-of-backward grad reduction."""
-    config = model.config
+    config = model[0].config  # the chunks share one TransformerConfig
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
+    # Megatron-LM's form: one hook, or a list with one per chunk for the interleaved schedule.
     if cfg.optim.overlap_grad_reduce or cfg.lgs.lgs:
-        config.no_sync_func = model.no_sync
+        no_sync = [chunk.no_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     if cfg.optim.overlap_param_gather:
-        config.param_sync_func = model.start_param_sync
+        param_sync = [chunk.start_param_sync for chunk in model]
+        config.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
 
 
 def guarded_step(optimizer: ChainedOptimizer,

@@ -111,21 +111,22 @@ def poison_loss(loss_func, iteration: int, cfg: StabilityConfig):
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
-def _param_labels(model) -> dict[torch.nn.Parameter, str]:
+def _param_labels(model: list) -> dict[torch.nn.Parameter, str]:
     """'layer N' (global, 1-based) for transformer layers; the top-level module otherwise."""
-    module = unwrap_model(model)
     labels = {}
-    for name, param in module.named_parameters():
-        match = _LAYER.match(name)
-        if match:
-            labels[param] = f"layer {module.decoder.layers[int(match.group(1))].layer_number}"
-        else:
-            labels[param] = name.split(".")[0] if not name.startswith("decoder.final") \
-                else "final_norm"
+    for module in unwrap_model(model):
+        for name, param in module.named_parameters():
+            match = _LAYER.match(name)
+            if match:
+                number = module.decoder.layers[int(match.group(1))].layer_number
+                labels[param] = f"layer {number}"
+            else:
+                labels[param] = name.split(".")[0] if not name.startswith("decoder.final") \
+                    else "final_norm"
     return labels
 
 
-def per_layer_grad_norms(model, loss_scale: float) -> dict[str, float]:
+def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
     """Norm of the reduced gradient of each layer, across every rank (collective).
 
     Reads the DDP buffers after reduction: each data-parallel rank sums its own shard of each
@@ -133,11 +134,16 @@ def per_layer_grad_norms(model, loss_scale: float) -> dict[str, float]:
     are added over data-parallel and model-parallel ranks; tensor-parallel duplicates once.
     """
     labels = _param_labels(model)
-    names = sorted(set(labels.values()))
+    # Pipeline stages hold different layers: agree on one list of names before summing.
+    mp_group = parallel_state.get_model_parallel_group()
+    per_rank: list[set[str]] = [set() for _ in range(dist.get_world_size(mp_group))]
+    dist.all_gather_object(per_rank, set(labels.values()), group=mp_group)
+    names = sorted(set().union(*per_rank))
     sums = torch.zeros(len(names), dtype=torch.float64)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     dp_rank, dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
-    for buffer in model.buffers + model.expert_parallel_buffers:
+    buffers = [b for chunk in model for b in chunk.buffers + chunk.expert_parallel_buffers]
+    for buffer in buffers:
         for bucket in buffer.buckets:
             shard = bucket.grad_data.numel() // dp_size
             lo_shard = bucket.offset + dp_rank * shard
@@ -151,19 +157,23 @@ def per_layer_grad_norms(model, loss_scale: float) -> dict[str, float]:
                     piece = buffer.grad_data[lo:hi].double()
                     sums[names.index(labels[param])] += torch.dot(piece, piece)
     dist.all_reduce(sums, group=dp_group)
-    dist.all_reduce(sums, group=parallel_state.get_model_parallel_group())
+    dist.all_reduce(sums, group=mp_group)
     return {name: math.sqrt(value) / loss_scale for name, value in zip(names, sums.tolist(),
                                                                        strict=True)}
 
 
-def snapshot_parameters(model) -> list[torch.Tensor]:
-    return [p.detach().float().clone() for p in model.parameters()]
+def _parameters(model: list) -> list[torch.nn.Parameter]:
+    return [p for chunk in model for p in chunk.parameters()]
 
 
-def update_ratio(model, before: list[torch.Tensor]) -> float:
+def snapshot_parameters(model: list) -> list[torch.Tensor]:
+    return [p.detach().float().clone() for p in _parameters(model)]
+
+
+def update_ratio(model: list, before: list[torch.Tensor]) -> float:
     """||w_after - w_before|| / ||w_before|| over the whole model (collective)."""
     sums = torch.zeros(2, dtype=torch.float64)
-    for p, old in zip(model.parameters(), before, strict=True):
+    for p, old in zip(_parameters(model), before, strict=True):
         if param_is_not_tensor_parallel_duplicate(p):
             sums[0] += torch.sum((p.detach().float() - old).double() ** 2)
             sums[1] += torch.sum(old.double() ** 2)

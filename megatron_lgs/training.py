@@ -9,6 +9,7 @@ scheduler -> log -> eval -> checkpoint/exit.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from megatron_lgs.optim import (
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_state import RunState, config_fingerprint
 
-ModelProvider = Callable[[Config, Platform, int], torch.nn.Module]
+# (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
+ModelProvider = Callable[..., torch.nn.Module]
 ForwardStep = Callable[[Iterator, torch.nn.Module], tuple]
 
 
@@ -89,6 +91,12 @@ def _reduce_loss(losses: list[dict]) -> float:
     return (total[0] / total[1]).item()
 
 
+def per_chunk(batches: Iterator, chunks: int) -> Iterator | list[Iterator]:
+    """The interleaved schedule wants one iterator per model chunk, each reading the same
+    micro-batches; tee copies the stream, so it still advances by one step's micro-batches."""
+    return batches if chunks == 1 else list(itertools.tee(batches, chunks))
+
+
 class Trainer:
     def __init__(self, cfg: Config, model_provider: ModelProvider, forward_step: ForwardStep,
                  datasets_provider: DatasetsProvider) -> None:
@@ -99,9 +107,10 @@ class Trainer:
         initialize.set_seeds(cfg.training.seed)
 
         self.datasets = datasets_provider(cfg)
-        self.model = wrap_ddp(cfg, model_provider(cfg, self.platform, self.datasets.vocab_size),
-                              log=print_rank_0)
-        self.lgs = getattr(self.model, "lgs", None)
+        # A list of model chunks, as in Megatron-LM: one per virtual pipeline stage (or one).
+        self.model = wrap_ddp(cfg, build_model_chunks(cfg, model_provider, self.platform,
+                                                      self.datasets.vocab_size), log=print_rank_0)
+        self.lgs = getattr(self.model[0], "lgs", None)
         self.tuning = None
         if self.lgs:
             online.start_thresholds(cfg, self.lgs, print_rank_0)
@@ -120,6 +129,8 @@ class Trainer:
         t = cfg.training
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.batch_sizes = data.BatchSizeSchedule(t.global_batch_size, t.micro_batch_size,
+                                                  self.dp_size, t.rampup_batch_size)
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * self.dp_size)
         self.flops_per_token = flops_per_token(cfg, self.datasets.vocab_size)
         is_last_rank = dist.get_rank() == dist.get_world_size() - 1
@@ -151,7 +162,7 @@ class Trainer:
 
     def _log_setup(self) -> None:
         c = self.cfg
-        n = num_parameters(self.model)
+        n = sum(num_parameters(chunk) for chunk in self.model)
         print_rank_last(
             f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
             f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"
@@ -172,12 +183,14 @@ class Trainer:
 
     def train_step(self, batches: Iterator, iteration: int, watch: bool = False) -> StepResult:
         """One optimizer step over a global batch; `watch` adds the log-interval diagnostics."""
-        self.model.zero_grad_buffer()
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         t = self.cfg.training
         losses = self.forward_backward(
-            forward_step_func=self._forward_step_for(iteration), data_iterator=batches,
-            model=[self.model], num_microbatches=self.num_microbatches,
+            forward_step_func=self._forward_step_for(iteration),
+            data_iterator=per_chunk(batches, len(self.model)),
+            model=self.model, num_microbatches=self.num_microbatches,
             seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
             forward_only=False)
         result = StepResult(loss=_reduce_loss(losses), grad_norm=None, applied=False,
@@ -227,15 +240,17 @@ class Trainer:
         t = self.cfg.training
         micro = data.eval_micro_batches(t.eval_iters, t.global_batch_size, t.micro_batch_size,
                                         self.dp_rank, self.dp_size)
-        self.model.eval()
+        for chunk in self.model:
+            chunk.eval()
         with torch.no_grad():
             losses = self.forward_backward(
                 forward_step_func=self.forward_step,
-                data_iterator=data.fixed_batches(dataset, micro),
-                model=[self.model], num_microbatches=len(micro),
+                data_iterator=per_chunk(data.fixed_batches(dataset, micro), len(self.model)),
+                model=self.model, num_microbatches=len(micro),
                 seq_length=self.cfg.model.seq_length, micro_batch_size=t.micro_batch_size,
                 forward_only=True)
-        self.model.train()
+        for chunk in self.model:
+            chunk.train()
         return _reduce_loss(losses)
 
     def evaluate(self) -> float | None:
@@ -276,7 +291,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
     def _batches(self) -> Iterator:
         t, s = self.cfg.training, self.state
-        sampler = data.MicroBatchSampler(s.consumed_train_samples, t.global_batch_size,
+        sampler = data.MicroBatchSampler(s.consumed_train_samples, self.batch_sizes,
                                          t.micro_batch_size, self.dp_rank, self.dp_size)
         return data.micro_batch_stream(self.datasets.train, sampler, self.cfg.data.num_workers)
 
@@ -292,6 +307,8 @@ class Trainer:
             if self.tuning:
                 self.tuning.before_step()
             started = time.perf_counter()
+            batch_size = self.batch_sizes.at(s.consumed_train_samples)  # --rampup-batch-size
+            self.num_microbatches = batch_size // (t.micro_batch_size * self.dp_size)
             if iteration in s.iterations_to_skip:
                 result = self.skip_step(batches)
             else:
@@ -301,7 +318,7 @@ class Trainer:
                 batches = self._batches()
                 continue
             s.iteration = iteration
-            s.consumed_train_samples += t.global_batch_size
+            s.consumed_train_samples += batch_size
             s.skipped_iterations += 0 if result.applied else 1
             s.nan_iterations += result.reason == "nan"
             step_seconds = self.last_step_seconds = time.perf_counter() - started
@@ -323,7 +340,7 @@ class Trainer:
                                         **metrics.lgs_record(self.lgs.stats, step_seconds))
 
             if s.iteration % t.log_interval == 0:
-                self._log_interval(interval, result, lr)
+                self._log_interval(interval, result, lr, batch_size)
                 interval = metrics.IntervalStats()
             if s.iteration % t.eval_interval == 0 or s.iteration == t.train_iters:
                 self.evaluate()
@@ -359,10 +376,10 @@ class Trainer:
                                 per_rank=per_rank)
 
     def _log_interval(self, interval: metrics.IntervalStats, result: StepResult,
-                      lr: float) -> None:
+                      lr: float, global_batch_size: int) -> None:
         t, s = self.cfg.training, self.state
         seconds_per_iteration = interval.step_seconds / interval.iterations
-        tokens_per_second = t.global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
+        tokens_per_second = global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
         tflops = tokens_per_second * self.flops_per_token / 1e12 / self.cfg.parallel.world_size
         peak = metrics.gpu_peak_tflops()
         loss_scale = self.optimizer.get_loss_scale().item()
@@ -370,7 +387,7 @@ class Trainer:
             iteration=s.iteration, train_iters=t.train_iters,
             consumed_samples=s.consumed_train_samples,
             ms_per_iteration=1000 * seconds_per_iteration, lr=lr,
-            global_batch_size=t.global_batch_size, loss=interval.mean_loss(),
+            global_batch_size=global_batch_size, loss=interval.mean_loss(),
             loss_scale=loss_scale, grad_norm=result.grad_norm,
             skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
             tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
@@ -394,6 +411,14 @@ class Trainer:
             k.replace(" ", "_").replace("/", "."): v for k, v in scalars.items()})
         if self.sinks:
             self.sinks.add(scalars, s.iteration)
+
+
+def build_model_chunks(cfg: Config, model_provider: ModelProvider, platform: Platform,
+                       vocab_size: int) -> list[torch.nn.Module]:
+    chunks = cfg.parallel.virtual_pipeline_size(cfg.model.num_layers)
+    if chunks is None:
+        return [model_provider(cfg, platform, vocab_size)]
+    return [model_provider(cfg, platform, vocab_size, vp_stage) for vp_stage in range(chunks)]
 
 
 def pretrain(cfg: Config, model_provider: ModelProvider, forward_step: ForwardStep,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,14 @@ class Run:
 
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.records("train")]
+
+    def logged_losses(self) -> list[float]:
+        """Each iteration's loss from the console (with --log-interval 1; no --save needed),
+        as printed: 7 significant digits."""
+        return [float(loss) for loss in _LOGGED_LOSS.findall(self.stdout)]
+
+
+_LOGGED_LOSS = re.compile(r"iteration\s+\d+/\s*\d+ \|.*?\| lm loss: ([0-9.E+-]+) \|")
 
 
 def _base_env() -> dict[str, str]:

@@ -227,22 +227,25 @@ def _worker() -> _Worker:
 
 # -- the engine ---------------------------------------------------------------------------------
 class LgsEngine:
-    """Layer-wise, hierarchical gradient sync for one megatron-core DDP module."""
+    """Layer-wise, hierarchical gradient sync for a model's megatron-core DDP chunks (one, or
+    one per virtual pipeline stage)."""
 
-    def __init__(self, ddp, config: LgsConfig, *, log: Callable[[str], None] = print) -> None:
-        self.ddp = ddp
+    def __init__(self, ddps: list, config: LgsConfig, *,
+                 log: Callable[[str], None] = print) -> None:
         self.config = config
         self.log = log
         self.intra_bytes = int(config.lgs_intra_threshold_mb * MB)
         self.inter_bytes = int(config.lgs_inter_threshold_mb * MB)
         self.per_node, self.per_node_source = gpus_per_node(config.lgs_gpus_per_node)
-        self.distributed_optimizer = ddp.ddp_config.use_distributed_optimizer
+        self.distributed_optimizer = ddps[0].ddp_config.use_distributed_optimizer
         self.cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         self.comm_stream = torch.cuda.Stream() if self.cuda else None
 
-        names = {p: n for n, p in ddp.module.named_parameters()}
-        buffers = [("dense", b) for b in ddp.buffers] + \
-                  [("expert", b) for b in ddp.expert_parallel_buffers]
+        names = {p: n for ddp in ddps for n, p in ddp.module.named_parameters()}
+        buffers = [(f"{kind}{i if len(ddps) > 1 else ''}", b) for i, ddp in enumerate(ddps)
+                   for kind, bufs in (("dense", ddp.buffers),
+                                      ("expert", ddp.expert_parallel_buffers))
+                   for b in bufs]
         levels = build_levels([b.data_parallel_group for _, b in buffers], self.per_node)
         self.buffers: list[_BufferSync] = []
         for (kind, buf), lv in zip(buffers, levels, strict=True):
@@ -651,18 +654,22 @@ class _Router:
         return getattr(self._group, name)
 
 
-def install(ddp, engine: LgsEngine) -> None:
-    """Route megatron-core 0.16.1 DDP's gradient sync through `engine`. The DDP must have been
-    built with overlap_grad_reduce=True (so its hooks signal readiness) and `fine_bucket_size`."""
-    for param, group in list(ddp.param_to_bucket_group.items()):
-        ddp.param_to_bucket_group[param] = _Router(group, engine)
-    megatron_zero = ddp.zero_grad_buffer
+def install(ddps: list, engine: LgsEngine) -> None:
+    """Route the gradient sync of megatron-core 0.16.1 DDP chunks through `engine`. They must
+    have been built with overlap_grad_reduce=True (so their hooks signal readiness) and
+    `fine_bucket_size`. The first chunk's finish waits for every chunk's buckets (megatron
+    finishes the chunks together, after the whole backward); the others' then return at once."""
+    for ddp in ddps:
+        for param, group in list(ddp.param_to_bucket_group.items()):
+            ddp.param_to_bucket_group[param] = _Router(group, engine)
+        ddp.zero_grad_buffer = _then(ddp.zero_grad_buffer, engine.reset)
+        ddp.start_grad_sync = engine.start_grad_sync
+        ddp.finish_grad_sync = engine.finish_grad_sync
+        ddp.lgs = engine
 
-    def zero_grad_buffer() -> None:
-        megatron_zero()
-        engine.reset()
 
-    ddp.zero_grad_buffer = zero_grad_buffer
-    ddp.start_grad_sync = engine.start_grad_sync
-    ddp.finish_grad_sync = engine.finish_grad_sync
-    ddp.lgs = engine
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+    return both

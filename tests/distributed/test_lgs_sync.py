@@ -94,7 +94,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         models = {}
         for name, c in (("plain", plain_cfg), ("lgs", cfg)):
             initialize.set_seeds(cfg.training.seed)
-            models[name] = wrap_ddp(c, build_model(c, platform, 512), log=lambda _: None)
+            [models[name]] = wrap_ddp(c, [build_model(c, platform, 512)], log=lambda _: None)
         engine = models["lgs"].lgs
         steps = []
         for step in range(2):

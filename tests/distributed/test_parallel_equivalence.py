@@ -1,0 +1,95 @@
+"""Every parallel layout trains the model the single process trains: the same seed, data and
+global batch give the same first losses (fp32, dropout 0), each layout started from the command
+line with only its layout flags changed. And the full initial model, gathered from the sharded
+checkpoint, is the same tensor for tensor whatever the layout (layout-independent init)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from tests.conftest import TINY_GPT, report, run_pretrain
+
+pytestmark = pytest.mark.slow
+
+# 4 layers so that PP2 can hold 2 virtual stages; micro-batch 2 of a global batch of 8 gives
+# PP2 its 4 micro-batches. No evaluation and no checkpoint: only the 3 training losses.
+BASE = [*TINY_GPT, "--num-layers", "4", "--micro-batch-size", "2", "--eval-iters", "0",
+        "--log-interval", "1"]
+STEPS = ["--train-iters", "3"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
+TP2, PP2, EP2 = (["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
+                 ["--expert-model-parallel-size", "2"])
+SP, VPP2 = ["--sequence-parallel"], ["--num-layers-per-virtual-pipeline-stage", "1"]
+
+DENSE_LAYOUTS = {
+    "TP2": (2, TP2),
+    "TP2+SP": (2, [*TP2, *SP]),
+    "PP2": (2, PP2),
+    "PP2+VPP2": (2, [*PP2, *VPP2]),
+    "TP2xPP2": (4, [*TP2, *PP2]),
+    "DP2xTP2": (4, TP2),
+}
+MOE_LAYOUTS = {
+    "EP2": (2, EP2),
+    "EP2+alltoall": (2, [*EP2, "--moe-token-dispatcher-type", "alltoall"]),
+    # megatron-core's MoE layer needs sequence parallelism with TP; experts not TP-split.
+    "EP2xTP2": (4, [*EP2, *TP2, *SP, "--expert-tensor-parallel-size", "1"]),
+    # 4 ranks: the experts split over EP2 and replicated over 2 expert-data-parallel ranks.
+    "DP2xEP2": (4, EP2),
+}
+
+@pytest.fixture(scope="module")
+def references(data_cache) -> dict[str, list[float]]:
+    runs = {"dense": [], "moe": MOE}
+    return {name: run_pretrain([*BASE, *STEPS, "--data-cache-dir", data_cache, *extra])
+            .logged_losses() for name, extra in runs.items()}
+
+
+def _check(name: str, reference: list[float], got: list[float]) -> None:
+    assert len(reference) == len(got) == 3, (reference, got)
+    worst = max(abs(a - b) for a, b in zip(reference, got, strict=True))
+    report(f"parallel equivalence {name}: max |loss - 1 process| over 3 steps {worst:.1e}")
+    assert worst < 1e-4, f"{name}: 1 process {reference}, layout {got}"
+    assert got[-1] < got[0]  # and it trains
+
+
+@pytest.mark.parametrize("name", DENSE_LAYOUTS)
+def test_dense_layout_matches_one_process(references, data_cache, name):
+    nproc, flags = DENSE_LAYOUTS[name]
+    run = run_pretrain([*BASE, *STEPS, "--data-cache-dir", data_cache, *flags], nproc=nproc)
+    _check(name, references["dense"], run.logged_losses())
+
+
+@pytest.mark.parametrize("name", MOE_LAYOUTS)
+def test_moe_layout_matches_one_process(references, data_cache, name):
+    nproc, flags = MOE_LAYOUTS[name]
+    run = run_pretrain([*BASE, *STEPS, "--data-cache-dir", data_cache, *MOE, *flags],
+                       nproc=nproc)
+    _check(f"MoE {name}", references["moe"], run.logged_losses())
+
+
+def _initial_model(tmp_path, name: str, data_cache: str, nproc: int, flags: list[str]) -> dict:
+    """The full model as initialized: one iteration whose update is skipped, then saved; the
+    torch_dist checkpoint holds every tensor in its global (unsharded) shape."""
+    save = tmp_path / name
+    run_pretrain([*BASE, "--data-cache-dir", data_cache, "--train-iters", "1",
+                  "--iterations-to-skip", "1", "--no-save-optim", *flags],
+                 nproc=nproc, save_dir=save)
+    state = _load_state_dict_from_keys(checkpoint_id=str(save / "iter_0000001"))
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize(("model", "nproc", "flags"), [
+    ("dense", 4, [*TP2, *PP2, *VPP2]),
+    ("moe", 4, [*MOE, *EP2, *TP2, *SP]),  # experts split over TP too (expert TP = TP)
+], ids=["TP2xPP2xVPP2", "MoE-EP2xTP2"])
+def test_initial_full_model_is_the_same_on_every_layout(tmp_path, data_cache, model, nproc,
+                                                        flags):
+    extra = MOE if model == "moe" else []
+    one = _initial_model(tmp_path, "one", data_cache, 1, extra)
+    many = _initial_model(tmp_path, "many", data_cache, nproc, flags)
+    assert one.keys() == many.keys() and len(one) > 10
+    for key, tensor in one.items():
+        assert torch.equal(tensor, many[key]), key
