@@ -132,8 +132,12 @@ def per_layer_grad_norms(model, loss_scale: float) -> dict[str, float]:
     bucket (with the distributed optimizer, only that shard is reduced), and the sums of squares
     are added over data-parallel and model-parallel ranks; tensor-parallel duplicates once.
     """
+    mp_group = parallel_state.get_model_parallel_group()
     labels = _param_labels(model)
-    names = sorted(set(labels.values()))
+    # Pipeline stages hold different layers: agree on one list of names before summing.
+    stage_names: list[list[str]] = [[] for _ in range(dist.get_world_size(mp_group))]
+    dist.all_gather_object(stage_names, sorted(set(labels.values())), group=mp_group)
+    names = sorted(set().union(*stage_names))
     sums = torch.zeros(len(names), dtype=torch.float64)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     dp_rank, dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
@@ -151,7 +155,7 @@ def per_layer_grad_norms(model, loss_scale: float) -> dict[str, float]:
                     piece = buffer.grad_data[lo:hi].double()
                     sums[names.index(labels[param])] += torch.dot(piece, piece)
     dist.all_reduce(sums, group=dp_group)
-    dist.all_reduce(sums, group=parallel_state.get_model_parallel_group())
+    dist.all_reduce(sums, group=mp_group)
     return {name: math.sqrt(value) / loss_scale for name, value in zip(names, sums.tolist(),
                                                                        strict=True)}
 
