@@ -146,8 +146,26 @@ def _owned_params(opt: DistributedOptimizer):
                     yield param, ranges["param"]
 
 
+def slice_boxes(sharded: ShardedBase, param: torch.Tensor, start: int, end: int,
+                states: dict[str, torch.Tensor], instance_id: int = 0) -> dict[str, ShardedTensor]:
+    """The checkpoint tensors of `states`, each the flat slice [start, end) of one state tensor
+    of `param` (`sharded` is how the model saves `param`), named "<state>/<start in the slice>".
+    The returned tensors' data are views of `states`."""
+    boxes = {}
+    for part in _parts(sharded, param):
+        lo = max(start, part.param_start)
+        hi = min(end, part.param_start + part.numel)
+        for box in contiguous_boxes(part.tensor.local_shape, lo - part.param_start,
+                                    hi - part.param_start):
+            begin = part.param_start + box[0] - start
+            for key, flat in states.items():
+                piece = flat.detach()[begin:begin + math.prod(box[2])]
+                boxes[f"{key}/{begin}"] = _box_tensor(part, key, box, piece, instance_id)
+    return boxes
+
+
 def _distributed_sharded(opt: DistributedOptimizer, by_param: dict, is_loading: bool) -> dict:
-    """This rank's boxes, named "<parameter index>/<state>/<start in the flat slice>"."""
+    """This rank's boxes of every parameter, named "<parameter index>/<state>/<start>"."""
     if is_loading:
         # Allocate the state that is loaded into (megatron's own idiom before a load).
         opt.load_state_dict(opt.state_dict())
@@ -157,17 +175,11 @@ def _distributed_sharded(opt: DistributedOptimizer, by_param: dict, is_loading: 
             raise ReshardError("a parameter of the optimizer is missing from the model's "
                                "sharded state dict")
         states = _param_states(opt, param)
-        for part in _parts(by_param[param], param):
-            lo = max(owned.start, part.param_start)
-            hi = min(owned.end, part.param_start + part.numel)
-            for box in contiguous_boxes(part.tensor.local_shape, lo - part.param_start,
-                                        hi - part.param_start):
-                begin = part.param_start + box[0] - owned.start
-                for key, flat in states.items():
-                    piece = flat.detach()[begin:begin + math.prod(box[2])].view(box[2])
-                    data = torch.empty_like(piece) if is_loading else piece
-                    boxes[f"{index}/{key}/{begin}"] = _box_tensor(
-                        part, key, box, data, opt.distributed_optimizer_instance_id)
+        if is_loading:  # read into fresh buffers; load_state_dict copies them in
+            states = {k: torch.empty_like(v) for k, v in states.items()}
+        for name, box in slice_boxes(by_param[param], param, owned.start, owned.end, states,
+                                     opt.distributed_optimizer_instance_id).items():
+            boxes[f"{index}/{name}"] = box
     return boxes
 
 
