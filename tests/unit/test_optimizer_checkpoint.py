@@ -84,3 +84,28 @@ def test_swiglu_factory_halves_go_to_their_global_places(tp, dp):
             "decoder.layers.0.mlp.linear_fc1.weight", local, (0, rank, tp), replica_id=(0, 0, 0))
         shards.append((apply_swiglu_sharded_factory(original, ()), local))
     assert torch.equal(_reassemble(full.shape, shards, dp), full)
+
+
+def test_megatron_formats_still_cannot_reshard_this_way():
+    """Why this module exists (megatron-core 0.16.1). If an upgrade fixes one of megatron's own
+    formats, this fails: re-evaluate using megatron's format instead."""
+    import inspect
+
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    # Buckets are padded (to lcm(DP, 128) elements), at DP=1 too ...
+    assert "math.lcm(self.data_parallel_world_size, 128" in inspect.getsource(_ParamAndGradBuffer)
+    # ... fully_reshardable's gathered buffer drops that padding between buckets ...
+    gather = inspect.getsource(DistributedOptimizer.get_parameter_state_dp_zero)
+    assert "offset_in_world_tensors += gbuf_world_numel_unpadded" in gather
+    # ... and is then sliced with the padded offsets of param_index_map.
+    slicing = inspect.getsource(DistributedOptimizer.sharded_param_state_fully_reshardable)
+    assert "buffer.param_index_map.items()" in slicing
+    assert "world_tensors[state_key][param_world_start:param_world_end]" in slicing
+    # fully_sharded_model_space marks its tensors with flattened_range, which is refused.
+    with pytest.raises(CheckpointingException, match="flattened_range"):
+        ShardedTensor("x", torch.zeros(4), torch.float32, (2, 2), (2, 2), (0, 0), None,
+                      flattened_range=slice(0, 4))
