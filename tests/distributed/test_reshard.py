@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 # --overlap-grad-reduce makes --ddp-bucket-size count: 8 buckets per rank at TP2, 10 at DP1 and DP2.
 BUCKETS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000"]
-RUN = ["--train-iters", "4"]
+# Log interval 2: the per-layer diagnostics are collectives over the pipeline stages too.
+RUN = ["--train-iters", "4", "--log-interval", "2"]
 LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
@@ -111,6 +112,9 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     assert loss_gap <= 1e-4
     if source == target:
         assert step["loss"] == uninterrupted.losses()[3]  # bitwise
+    if target == "pp2":  # both stages' layers in one per-layer line
+        assert "grad norm per layer: embedding" in continued.stdout
+        assert "layer 2" in continued.stdout
     report(f"reshard {source} -> {target} ({saved_layout['grad_buckets_per_rank']} -> "
            f"{target_layout['grad_buckets_per_rank']} buckets per rank): state max |diff| "
            f"{worst:.1e} over {len(saved)} tensors, next-step loss gap {loss_gap:.1e}")
