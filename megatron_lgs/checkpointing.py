@@ -32,6 +32,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
 from megatron_lgs import optimizer_checkpoint
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
@@ -147,10 +148,10 @@ def layout(model) -> dict[str, object]:
     }
 
 
-def _describe(layout: dict) -> str:
-    return (f"TP{layout['tensor_model_parallel_size']} x PP{layout['pipeline_model_parallel_size']}"
-            f" x CP{layout['context_parallel_size']} x DP{layout['data_parallel_size']}, "
-            f"EP{layout['expert_model_parallel_size']}")
+def _describe(record: dict) -> str:
+    return (f"TP{record['tensor_model_parallel_size']} x PP{record['pipeline_model_parallel_size']}"
+            f" x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
+            f"EP{record['expert_model_parallel_size']}")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -226,10 +227,12 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     try:
         loaded = dist_checkpointing.load(sharded, str(directory))
-    except (CheckpointingException, optimizer_checkpoint.ReshardError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (CheckpointingException, DcpException, optimizer_checkpoint.ReshardError) as exc:
+        if isinstance(exc, DcpException):  # torch's wrapper of each rank's failure
+            exc = next(iter(exc.failures.values()))[0]
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"--load {directory}: saved as {_describe(saved_layout)}, cannot be "
-                          f"read as {_describe(run_layout)}: {first_line}") from None
+                          f"read as {_describe(run_layout)}: {reason}") from None
     unwrap_model(model).load_state_dict(loaded["model"])
     if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
         optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])

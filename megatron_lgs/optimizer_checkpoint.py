@@ -123,6 +123,8 @@ def _box_tensor(part: _Part, state_key: str, box: Box, data: torch.Tensor,
     local_shape = (*(1 for _ in range(pre)), *shape)
     # The model's replica id is (PP, TP, DP); optimizer state is sharded over DP, not
     # replicated, and replicated over distributed-optimizer instances (megatron's own rule).
+    if not isinstance(t.replica_id, tuple) or len(t.replica_id) != 3:
+        raise ReshardError(f"{t.key}: replica id {t.replica_id!r} is not (PP, TP, DP)")
     replica_id = (*t.replica_id[:2], instance_id)
     return ShardedTensor(f"{STATE_PREFIX}.{state_key}.{t.key}", data.view(local_shape),
                          data.dtype, local_shape, t.global_shape, global_offset,

@@ -126,3 +126,13 @@ def test_a_checkpoint_without_its_layout_record_is_refused_in_one_line(sources, 
     refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--load", str(load)], expect_success=False)
     assert refused.returncode == 2
     assert "layout.json" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tmp_path):
+    # --finetune skips the fingerprint check, so only dist_checkpointing notices the shapes.
+    load = _load_dir(sources("tp2").save_dir, 3, tmp_path / "load")
+    refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--hidden-size", "128", "--finetune",
+                            "--load", str(load)], expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "saved as TP2 x PP1 x CP1 x DP1, EP1, cannot be read as TP1 x PP1" in refused.stderr
+    assert "shape mismatch" in refused.stderr
