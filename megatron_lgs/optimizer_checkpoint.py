@@ -34,6 +34,7 @@ from megatron.core.dist_checkpointing.mapping import (
 )
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer.optimizer import param_group_identifier_keys
 
 FORMAT = "model_space_boxes"
 STATE_PREFIX = "optimizer.state"
@@ -202,21 +203,44 @@ def sharded_state_dict(optimizer: MegatronOptimizer, model_sharded: ShardedState
     inners = _inner_optimizers(optimizer)
     return {
         "common": [o.state_dict() for o in inners],
-        "boxes": [_distributed_sharded(o, by_param, is_loading) for o in inners],
+        # Keyed by this layout's optimizer index: what the common part of a checkpoint holds
+        # under "boxes" (another layout's structure, emptied) never lines up with a list here.
+        "boxes": {str(i): _distributed_sharded(o, by_param, is_loading)
+                  for i, o in enumerate(inners)},
     }
+
+
+def _group_identity(group: dict, relaxed: bool = False) -> tuple:
+    keys = [k for k in param_group_identifier_keys if not (relaxed and k == "is_expert_parallel")]
+    return tuple(group.get(k, group.get(f"pre_{k}")) for k in keys)
+
+
+def _common_for(opt: DistributedOptimizer, saved: list[dict]) -> dict:
+    """This optimizer's ordinary state dict, from those saved by the optimizers of any layout:
+    each of its param groups is found by megatron's identifier keys, with `is_expert_parallel`
+    relaxed (megatron puts expert parameters into the dense optimizer at EP1 and into their own
+    at EP > 1; the group's hyperparameters and Adam's step are the same either way)."""
+    saved_groups = [g for state in saved for g in state["optimizer"]["param_groups"]]
+    groups = []
+    for group in opt.optimizer.param_groups:
+        match = [g for g in saved_groups if _group_identity(g) == _group_identity(group)] or [
+            g for g in saved_groups
+            if _group_identity(g, relaxed=True) == _group_identity(group, relaxed=True)]
+        if not match:
+            raise ReshardError(f"the checkpoint has no optimizer parameter group with "
+                               f"{param_group_identifier_keys} = {_group_identity(group)}")
+        groups.append({**match[0], "is_expert_parallel": group["is_expert_parallel"]})
+    return {**saved[0], "optimizer": {**saved[0]["optimizer"], "param_groups": groups}}
 
 
 @torch.no_grad()
 def load_state_dict(optimizer: MegatronOptimizer, requested: dict, loaded: dict) -> None:
     """Put the loaded boxes back into each parameter's flat slice. `requested` is what
-    `sharded_state_dict(..., is_loading=True)` returned, `loaded` what dist_checkpointing read."""
-    inners = _inner_optimizers(optimizer)
-    if len(loaded["common"]) != len(inners):
-        raise ReshardError(f"the checkpoint has {len(loaded['common'])} optimizers, this model "
-                           f"{len(inners)}")
-    for opt, common, names, boxes in zip(inners, loaded["common"], requested["boxes"],
-                                         loaded["boxes"], strict=True):
-        opt.load_state_dict(common)
+    `sharded_state_dict(..., is_loading=True)` returned, `loaded` what dist_checkpointing read.
+    The number of inner optimizers may differ from the saving layout's (see `_common_for`)."""
+    for i, opt in enumerate(_inner_optimizers(optimizer)):
+        names, boxes = requested["boxes"][str(i)], loaded["boxes"][str(i)]
+        opt.load_state_dict(_common_for(opt, loaded["common"]))
         owned = [param for param, _ in _owned_params(opt)]
         slices = [_param_states(opt, param) for param in owned]
         for name in names:

@@ -32,9 +32,13 @@ LAYOUTS = {
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "dp2": (2, []),
     "dp1": (1, []),
+    # MoE: at EP2 megatron gives the experts their own optimizer, at EP1 it has only one.
+    "moe-ep2": (2, ["--num-experts", "4", "--disable-bias-linear",
+                    "--expert-model-parallel-size", "2"]),
+    "moe-ep1": (1, ["--num-experts", "4", "--disable-bias-linear"]),
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
-CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("tp2", "tp2")]
+CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"), ("tp2", "tp2")]
 OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
 
 
