@@ -107,7 +107,8 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
         assert resaved[key].shape == tensor.shape, key
         worst = max(worst, (resaved[key] - tensor).abs().max().item())
         assert torch.allclose(resaved[key], tensor, rtol=0, atol=1e-6), key
-    assert _adam_steps(resaved_dir) == _adam_steps(saved_dir) and _adam_steps(saved_dir)[0] == 3
+    # One Adam step count for every parameter group (their number follows the layout).
+    assert set(_adam_steps(resaved_dir)) == set(_adam_steps(saved_dir)) == {3}
 
     continued = run_pretrain(args, nproc=nproc, save_dir=tmp_path / "continued")
     (step,) = continued.records("train")
