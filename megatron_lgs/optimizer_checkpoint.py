@@ -17,6 +17,8 @@ writes the boxes as they are and, on load, reads the boxes of another layout fro
 overlap them. Keys follow megatron's model-space naming, `optimizer.state.<state>.<model key>`
 with `fp32_param`, `exp_avg` and `exp_avg_sq`; Adam's step and the hyperparameters travel in the
 optimizer's ordinary state dict (param groups and loss scaler), which is the same on every rank.
+A load reads into fresh buffers and copies them in, so during a load this rank's slice of the
+optimizer state exists twice.
 """
 
 from __future__ import annotations
