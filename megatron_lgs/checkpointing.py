@@ -17,6 +17,7 @@ torch loads it.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -25,21 +26,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
+from megatron_lgs import optimizer_checkpoint
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.run_state import RunState
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RUN_STATE_FILE = "run_state.json"
-# dp_reshardable: each rank writes its own optimizer shard, no gather. (megatron-core 0.16.1's
-# fully_reshardable format corrupts parameters when there is more than one bucket.)
-OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+LAYOUT_FILE = "layout.json"
 # Test hook, "POINT@ITERATION": SIGKILL this process group (the launcher, every rank and their
 # helper processes, like a node going down) at a named point of that iteration's save, to prove
 # that a crash at that moment leaves a loadable checkpoint. Tests start the run in its own group.
@@ -121,13 +123,44 @@ def _model_keys(model: list) -> list[str]:
 
 def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
                         is_loading: bool) -> dict:
-    # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers.
+    # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers,
+    # nor (sharded tensors carry global names and offsets) on the parallel layout.
     state = {key: chunk.sharded_state_dict()
              for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True)}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(
-            dict(state), is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
+    if optimizer is None:
+        return state
+    if optimizer_checkpoint.uses_model_space(optimizer):
+        state["optimizer"] = optimizer_checkpoint.sharded_state_dict(
+            optimizer, dict(state), is_loading)
+    else:  # megatron's non-distributed optimizers already save by parameter
+        state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
     return state
+
+
+def layout(model) -> dict[str, object]:
+    """The parallel layout of this run (collective: gathers each rank's bucket count)."""
+    buckets = sum(len(b.buckets) for chunk in model
+                  for b in chunk.buffers + chunk.expert_parallel_buffers)
+    per_rank: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(per_rank, buckets)
+    ps = parallel_state
+    return {
+        "optimizer_format": optimizer_checkpoint.FORMAT,
+        "world_size": dist.get_world_size(),
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "context_parallel_size": ps.get_context_parallel_world_size(),
+        "data_parallel_size": ps.get_data_parallel_world_size(),
+        "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
+        "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
+        "grad_buckets_per_rank": per_rank,
+    }
+
+
+def _describe(record: dict) -> str:
+    return (f"TP{record['tensor_model_parallel_size']} x PP{record['pipeline_model_parallel_size']}"
+            f" x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
+            f"EP{record['expert_model_parallel_size']}")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -153,6 +186,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     dist.barrier()
 
     state.scheduler = scheduler.state_dict()
+    run_layout = layout(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
                                   is_loading=False)
     dist_checkpointing.save(sharded, str(partial))
@@ -166,6 +200,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
 
     if rank == 0:
         _write_atomic(partial / RUN_STATE_FILE, state.to_json())
+        _write_atomic(partial / LAYOUT_FILE, json.dumps(run_layout, indent=1))
         if final.exists():  # the same iteration saved again (e.g. resumed, then exit-interval)
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -195,12 +230,28 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     f"seed, batch or data settings changed. Use --finetune to load only weights")
 
     check_metadata(directory)
+    layout_file = directory / LAYOUT_FILE
+    if not layout_file.is_file():
+        raise ConfigError(f"--load {directory}: no {LAYOUT_FILE}; it was written before "
+                          f"checkpoints became layout-free (optimizer in dp_reshardable "
+                          f"buckets). Resume it with the version that wrote it")
+    saved_layout = json.loads(layout_file.read_text())
+    run_layout = layout(model)
     load_optim = not (cfg.no_load_optim or cfg.finetune)
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
-    loaded = dist_checkpointing.load(sharded, str(directory))
+    try:
+        loaded = dist_checkpointing.load(sharded, str(directory))
+    except (CheckpointingException, DcpException, optimizer_checkpoint.ReshardError) as exc:
+        if isinstance(exc, DcpException):  # torch's wrapper of each rank's failure
+            exc = next(iter(exc.failures.values()))[0]
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"--load {directory}: saved as {_describe(saved_layout)}, cannot be "
+                          f"read as {_describe(run_layout)}: {reason}") from None
     for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
         chunk.load_state_dict(loaded[key])
-    if load_optim:
+    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
+        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
+    elif load_optim:
         optimizer.load_state_dict(loaded["optimizer"])
     if cfg.finetune:
         return True
@@ -212,7 +263,15 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
                  "iterations_to_skip", "stability", "data_mix", "lgs_autotune"):
         setattr(state, name, getattr(saved, name))
-    if not cfg.no_load_rng:
+    same_layout = {k: v for k, v in saved_layout.items() if k != "grad_buckets_per_rank"} == \
+        {k: v for k, v in run_layout.items() if k != "grad_buckets_per_rank"}
+    if not cfg.no_load_rng and not same_layout:
+        # Each rank's RNG streams belong to its place in the saved layout (dropout masks of a
+        # tensor-parallel shard, of a pipeline stage): none of them is this rank's stream.
+        if dist.get_rank() == dist.get_world_size() - 1:
+            print(f" layout changed from {_describe(saved_layout)} to {_describe(run_layout)}: "
+                  f"weights and optimizer state resharded, RNG streams start fresh", flush=True)
+    elif not cfg.no_load_rng:
         rng_file = directory / "rng" / f"rank_{dist.get_rank():05d}.pt"
         if not rng_file.is_file():
             raise ConfigError(f"{rng_file} is missing (saved with another world size?); "

@@ -133,6 +133,7 @@ def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
     bucket (with the distributed optimizer, only that shard is reduced), and the sums of squares
     are added over data-parallel and model-parallel ranks; tensor-parallel duplicates once.
     """
+    mp_group = parallel_state.get_model_parallel_group()
     labels = _param_labels(model)
     # Pipeline stages hold different layers: agree on one list of names before summing.
     mp_group = parallel_state.get_model_parallel_group()

@@ -43,7 +43,6 @@ from megatron_lgs.lgs.plan import (
     MB,
     Plan,
     PlanConfig,
-    PlanError,
     Unit,
     describe,
     layer_of,
@@ -254,11 +253,6 @@ class LgsEngine:
             elsize = buf.grad_data.element_size()
             for bucket in buf.buckets:
                 numel = bucket.grad_data.numel()
-                if self.distributed_optimizer and bucket.numel_unpadded <= numel - numel // d:
-                    raise PlanError(
-                        f"LGS: megatron-core bucket of {bucket.numel_unpadded} elements leaves a "
-                        f"data-parallel rank only padding, which megatron's distributed-optimizer "
-                        f"checkpoint cannot hold; run without --use-distributed-optimizer")
                 name = names[bucket.params_list[0]]
                 largest = max(bucket.params_list, key=lambda p: p.numel())
                 fine.append(_Fine(bucket, name, -(-numel // d), numel))

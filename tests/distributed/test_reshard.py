@@ -1,0 +1,143 @@
+"""Resharding on resume: a distributed-optimizer checkpoint with several gradient buckets, saved
+in one layout, loads into another with every weight and optimizer state as saved, and the next
+step's loss is the uninterrupted run's.
+
+Each source layout trains 4 steps without stopping and saves at step 3 on the way. The target
+layout loads step 3 twice: once skipping step 4 (`--iterations-to-skip 4`: nothing is computed or
+changed, so the checkpoint it writes at step 4 is the state exactly as it was loaded, written
+from the target layout's ranks) and once training step 4. Full global tensors are read back from
+both checkpoints' files in this process, with torch.distributed.checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.conftest import TINY_GPT, report, run_pretrain
+
+pytestmark = pytest.mark.slow
+
+# --overlap-grad-reduce makes --ddp-bucket-size count: 8 buckets per rank at TP2, 10 at DP1 and DP2.
+BUCKETS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000"]
+# Log interval 2: the per-layer diagnostics are collectives over the pipeline stages too.
+RUN = ["--train-iters", "4", "--log-interval", "2"]
+LAYOUTS = {
+    "tp2": (2, ["--tensor-model-parallel-size", "2"]),
+    "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
+    "dp2": (2, []),
+    "dp1": (1, []),
+    # MoE: at EP2 megatron gives the experts their own optimizer, at EP1 it has only one.
+    "moe-ep2": (2, ["--num-experts", "4", "--disable-bias-linear",
+                    "--expert-model-parallel-size", "2"]),
+    "moe-ep1": (1, ["--num-experts", "4", "--disable-bias-linear"]),
+}
+# The last case keeps the layout: the same format then resumes bit for bit.
+CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"), ("tp2", "tp2")]
+OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory, data_cache):
+    """The uninterrupted 4-step run of a layout (checkpoint at step 3), run once per module."""
+    runs = {}
+
+    def run(name: str):
+        if name not in runs:
+            nproc, extra = LAYOUTS[name]
+            save = tmp_path_factory.mktemp(f"source-{name}")
+            runs[name] = run_pretrain([*TINY_GPT, "--data-cache-dir", data_cache, *BUCKETS, *RUN,
+                                       *extra, "--save-interval", "3"], nproc=nproc, save_dir=save)
+        return runs[name]
+
+    return run
+
+
+def _load_dir(save: Path, iteration: int, dest: Path) -> Path:
+    """A --load directory whose latest checkpoint is `iteration` of `save`."""
+    name = f"iter_{iteration:07d}"
+    shutil.copytree(save / name, dest / name)
+    (dest / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return dest
+
+
+def _global_tensors(checkpoint: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a dist_checkpointing directory, gathered whole from its shards."""
+    out = tmp / f"{checkpoint.parent.name}-{checkpoint.name}.pt"
+    dcp_to_torch_save(checkpoint, out)
+    return {k: v for k, v in torch.load(out, weights_only=True).items()
+            if isinstance(v, torch.Tensor)}
+
+
+def _adam_steps(checkpoint: Path) -> list[float]:
+    common = torch.load(checkpoint / "common.pt", weights_only=True)
+    return [group["step"] for optimizer in common["optimizer"]["common"]
+            for group in optimizer["optimizer"]["param_groups"]]
+
+
+@pytest.mark.parametrize("source,target", CASES, ids=[f"{s}-to-{t}" for s, t in CASES])
+def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, source, target):
+    uninterrupted = sources(source)
+    saved_dir = uninterrupted.save_dir / "iter_0000003"
+    saved_layout = json.loads((saved_dir / "layout.json").read_text())
+    assert min(saved_layout["grad_buckets_per_rank"]) >= 4
+    load = _load_dir(uninterrupted.save_dir, 3, tmp_path / "load")
+    nproc, extra = LAYOUTS[target]
+    args = [*tiny, *BUCKETS, *RUN, *extra, "--load", str(load)]
+
+    as_loaded = run_pretrain([*args, "--iterations-to-skip", "4"], nproc=nproc,
+                             save_dir=tmp_path / "as-loaded")
+    assert ("layout changed from" in as_loaded.stdout) == (source != target)
+    resaved_dir = tmp_path / "as-loaded" / "iter_0000004"
+    target_layout = json.loads((resaved_dir / "layout.json").read_text())
+    assert target_layout["world_size"] == nproc
+    assert (target_layout == saved_layout) == (source == target)
+    saved = _global_tensors(saved_dir, tmp_path)
+    resaved = _global_tensors(resaved_dir, tmp_path)
+    assert set(resaved) == set(saved)
+    for state in OPTIMIZER_STATES:
+        assert any(k.startswith(f"optimizer.state.{state}.") for k in saved), state
+    worst = 0.0
+    for key, tensor in saved.items():
+        assert resaved[key].shape == tensor.shape, key
+        worst = max(worst, (resaved[key] - tensor).abs().max().item())
+        assert torch.allclose(resaved[key], tensor, rtol=0, atol=1e-6), key
+    # One Adam step count for every parameter group (their number follows the layout).
+    assert set(_adam_steps(resaved_dir)) == set(_adam_steps(saved_dir)) == {3}
+
+    continued = run_pretrain(args, nproc=nproc, save_dir=tmp_path / "continued")
+    (step,) = continued.records("train")
+    assert step["iteration"] == 4 and not step["skipped"]
+    loss_gap = abs(step["loss"] - uninterrupted.losses()[3])
+    assert loss_gap <= 1e-4
+    if source == target:
+        assert step["loss"] == uninterrupted.losses()[3]  # bitwise
+    if target == "pp2":  # both stages' layers in one per-layer line
+        assert "grad norm per layer: embedding" in continued.stdout
+        assert "layer 2" in continued.stdout
+    report(f"reshard {source} -> {target} ({saved_layout['grad_buckets_per_rank']} -> "
+           f"{target_layout['grad_buckets_per_rank']} buckets per rank): state max |diff| "
+           f"{worst:.1e} over {len(saved)} tensors, next-step loss gap {loss_gap:.1e}")
+
+
+def test_a_checkpoint_without_its_layout_record_is_refused_in_one_line(sources, tiny, tmp_path):
+    load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
+    (load / "iter_0000003" / "layout.json").unlink()
+    refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--load", str(load)], expect_success=False)
+    assert refused.returncode == 2
+    assert "layout.json" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tmp_path):
+    # --finetune skips the fingerprint check, so only dist_checkpointing notices the shapes.
+    load = _load_dir(sources("tp2").save_dir, 3, tmp_path / "load")
+    refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--hidden-size", "128", "--finetune",
+                            "--load", str(load)], expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "saved as TP2 x PP1 x CP1 x DP1, EP1, cannot be read as TP1 x PP1" in refused.stderr
+    assert "shape mismatch" in refused.stderr
