@@ -127,9 +127,9 @@ def fine_bucket_size(dp_size: int, distributed_optimizer: bool) -> int:
     """megatron-core's bucket_size (parameters) for the fine layout LGS groups.
 
     Plain DDP: one bucket per parameter. Distributed optimizer: each bucket is padded to a
-    multiple of lcm(D, 128) and split into D shards, and megatron's checkpoint format refuses a
-    rank whose shard is all padding; a bucket of at least D x lcm(D, 128) elements leaves real
-    elements on every rank (padding is under one lcm, the last shard starts (D-1)/D in)."""
+    multiple of lcm(D, 128) and split into D shards; buckets of at least D x lcm(D, 128)
+    elements leave real elements on every rank (the padding is under one lcm and the last
+    shard starts (D-1)/D in), as megatron's per-bucket optimizer bookkeeping expects."""
     return dp_size * math.lcm(dp_size, 128) if distributed_optimizer else 1
 
 
