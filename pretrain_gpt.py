@@ -20,6 +20,10 @@ from megatron_lgs.model import build_model
 from megatron_lgs.platform import Platform
 from megatron_lgs.training import Datasets, pretrain
 
+# isort: split
+# megatron-core after megatron_lgs, whose import prepares it for this machine.
+from megatron.core.utils import get_batch_on_this_cp_rank
+
 
 def model_provider(cfg: Config, platform: Platform, vocab_size: int,
                    vp_stage: int | None = None) -> torch.nn.Module:
@@ -39,10 +43,14 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:
 
 
 def forward_step(data_iterator, model: torch.nn.Module) -> tuple:
+    # With context parallelism each rank keeps two of the 2 x CP sequence chunks.
     batch = next(data_iterator)
+    batch = get_batch_on_this_cp_rank({k: batch[k] for k in SEQUENCE_KEYS})
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
+
+SEQUENCE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 # Default blend of the embedded corpus's domains (stdlib code, pydoc prose).
 EMBEDDED_WEIGHTS = {"code": 0.7, "prose": 0.3}

@@ -462,6 +462,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
                           f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
     _validate_pipeline(cfg)
+    if m.seq_length % (2 * cp):
+        raise ConfigError(f"--seq-length ({m.seq_length}) must be divisible by 2 x "
+                          f"--context-parallel-size ({2 * cp}): each CP rank takes two chunks")
     _validate_rampup(cfg)
     _validate_recompute(m, pp)
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:

@@ -37,11 +37,11 @@ def check_platform(cfg: Config, platform: Platform) -> None:
         raise ConfigError("MoE experts with linear biases fail in megatron-core 0.16.1's local "
                           "expert MLP (an in-place update of an autograd view); add "
                           "--disable-bias-linear, as MoE configs usually do")
-    if cfg.parallel.context_parallel_size > 1 and not platform.te_available:
-        raise ConfigError(
-            "--context-parallel-size > 1 needs Transformer Engine attention, which cannot run "
-            f"here ({platform.te_error})"
-        )
+    if cfg.parallel.context_parallel_size > 1 and not platform.is_cuda and \
+            cfg.model.position_embedding_type == "rope":
+        raise ConfigError("--context-parallel-size > 1 with rope cannot run on CPU: megatron-core "
+                          "0.16.1 slices the rotary table with pinned memory "
+                          "(get_pos_emb_on_this_cp_rank); use learned_absolute positions here")
 
 
 def _free_port() -> int:

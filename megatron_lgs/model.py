@@ -25,6 +25,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from megatron_lgs.arguments import Config
+from megatron_lgs.context_parallel import with_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
 
@@ -121,11 +122,14 @@ class SequenceParallelNorm:
 def local_block_spec(cfg: Config, config: TransformerConfig,
                      vp_stage: int | None) -> ModuleSpec | TransformerBlockSubmodules:
     """megatron-core's local layer spec; with sequence parallelism, its norms (and the final
-    norm) replaced by SequenceParallelNorm."""
+    norm) replaced by SequenceParallelNorm; with context parallelism, its core attention by
+    one that attends across the CP group."""
     m = cfg.model
     layer = get_gpt_layer_local_spec(num_experts=m.num_experts,
                                      moe_grouped_gemm=m.moe_grouped_gemm,
                                      normalization=m.normalization)
+    if config.context_parallel_size > 1:
+        layer = with_context_parallel_attention(layer)
     if not config.sequence_parallel:
         return layer
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(

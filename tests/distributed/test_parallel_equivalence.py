@@ -30,6 +30,9 @@ DENSE_LAYOUTS = {
     "PP2+VPP2": (2, [*PP2, *VPP2]),
     "TP2xPP2": (4, [*TP2, *PP2]),
     "DP2xTP2": (4, TP2),
+    # Context parallelism: megatron-core's batch split, our core attention (context_parallel.py).
+    "CP2": (2, ["--context-parallel-size", "2"]),
+    "CP2xTP2+SP": (4, ["--context-parallel-size", "2", *TP2, *SP]),
 }
 MOE_LAYOUTS = {
     "EP2": (2, EP2),

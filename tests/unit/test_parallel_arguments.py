@@ -4,8 +4,11 @@ checked before any process group starts (one line, exit 2)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from megatron_lgs.arguments import parse_args
+from megatron_lgs.arguments import ConfigError, parse_args
+from megatron_lgs.initialize import check_platform
+from megatron_lgs.platform import get_platform
 
 VPP = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]
 
@@ -36,6 +39,8 @@ def test_layout_and_recompute_flags_reach_their_dataclasses():
      "micro-batches per step (1) divisible by --pipeline-model-parallel-size (2)"),
     (["--num-experts", "4", "--disable-bias-linear", "--tensor-model-parallel-size", "2"], 2,
      "needs --sequence-parallel"),
+    (["--context-parallel-size", "2", "--seq-length", "66"], 2,
+     "--seq-length (66) must be divisible by 2 x --context-parallel-size (4)"),
 ])
 def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -44,3 +49,12 @@ def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsy
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU limitation")
+def test_context_parallel_with_rope_is_refused_on_cpu_with_the_reason():
+    cfg = parse_args(["--context-parallel-size", "2", "--position-embedding-type", "rope"],
+                     world_size=2)
+    with pytest.raises(ConfigError, match="pinned memory"):
+        check_platform(cfg, get_platform())
+    check_platform(parse_args(["--context-parallel-size", "2"], world_size=2), get_platform())
