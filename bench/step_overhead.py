@@ -38,7 +38,7 @@ def main() -> None:
                       pretrain_gpt.datasets_provider)
 
     t = cfg.training
-    sampler = data.MicroBatchSampler(0, t.global_batch_size, t.micro_batch_size,
+    sampler = data.MicroBatchSampler(0, trainer.batch_sizes, t.micro_batch_size,
                                      trainer.dp_rank, trainer.dp_size)
     ours_batches = data.micro_batch_stream(trainer.datasets.train, sampler, 0)
     fixed = next(data.micro_batch_stream(trainer.datasets.train, sampler, 0))

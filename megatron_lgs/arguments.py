@@ -495,6 +495,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
                           f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
     _validate_pipeline(cfg)
+    if m.seq_length % (2 * cp):
+        raise ConfigError(f"--seq-length ({m.seq_length}) must be divisible by 2 x "
+                          f"--context-parallel-size ({cp}): each CP rank takes two chunks")
     _validate_rampup(cfg)
     _validate_recompute(m, pp)
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
@@ -504,10 +507,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
-    if m.seq_length % (2 * par.context_parallel_size):
-        raise ConfigError(f"--seq-length ({m.seq_length}) must be divisible by 2 x "
-                          f"--context-parallel-size ({par.context_parallel_size}): each CP rank "
-                          f"holds two chunks")
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:
         raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
                           f"than --seq-length ({m.seq_length})")

@@ -125,6 +125,14 @@ def shard_of(full: torch.Tensor, dim: int, stride: int, rank: int, size: int) ->
     return torch.cat(chunks[rank::size], dim=dim)
 
 
+def _stride(name: str, param: torch.nn.Parameter, config: TransformerConfig) -> int:
+    """A GLU's fc1 holds [gate_r; up_r] on each rank (megatron's checkpoint layout for it says
+    so): stride 2, whatever stride the layer itself records."""
+    if config.gated_linear_unit and re.search(r"linear_fc1\.(weight|bias)\d*$", name):
+        return 2
+    return getattr(param, "partition_stride", 1)
+
+
 @torch.no_grad()
 def initialize_layout_independent(model: torch.nn.Module, config: TransformerConfig,
                                   seed: int) -> None:
@@ -138,5 +146,5 @@ def initialize_layout_independent(model: torch.nn.Module, config: TransformerCon
         shape[dim] *= size
         full = full_tensor(names[name], torch.Size(shape), config, seed)
         if size > 1:
-            full = shard_of(full, dim, getattr(param, "partition_stride", 1), rank, size)
+            full = shard_of(full, dim, _stride(name, param, config), rank, size)
         param.copy_(full.to(param.dtype))

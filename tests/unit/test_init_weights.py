@@ -6,7 +6,6 @@ layouts: tests/distributed/test_parallel_equivalence.py.)"""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -33,9 +32,8 @@ GLU = [*DENSE, "--swiglu", "--normalization", "RMSNorm", "--untie-embeddings-and
 @pytest.fixture(scope="module")
 def one_process():
     platform = get_platform()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # An in-memory store: no port, and nothing leaks into the environment of later runs.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     yield platform
     parallel_state.destroy_model_parallel()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_lgs.arguments import parse_args
+from megatron_lgs.initialize import check_platform
+from megatron_lgs.platform import get_platform
 
 VPP = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]
 
@@ -36,6 +38,8 @@ def test_layout_and_recompute_flags_reach_their_dataclasses():
      "micro-batches per step (1) divisible by --pipeline-model-parallel-size (2)"),
     (["--num-experts", "4", "--disable-bias-linear", "--tensor-model-parallel-size", "2"], 2,
      "needs --sequence-parallel"),
+    (["--context-parallel-size", "2", "--seq-length", "66"], 2,
+     "--seq-length (66) must be divisible by 2 x --context-parallel-size (2)"),
 ])
 def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -44,3 +48,9 @@ def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsy
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_context_parallel_runs_on_this_platform_with_either_position_embedding():
+    for position in ("learned_absolute", "rope"):
+        check_platform(parse_args(["--context-parallel-size", "2", "--position-embedding-type",
+                                   position], world_size=2), get_platform())
