@@ -90,6 +90,13 @@ class PrecisionConfig:
     loss_scale_window: int = 1000
     hysteresis: int = 2
     fp8_format: str | None = None
+    # Megatron-LM's FP8 defaults, written here and always passed to megatron-core, which builds
+    # Transformer Engine's recipe from them (TE's own DelayedScaling defaults differ: history
+    # 1024, algorithm "max"; they never apply to our runs).
+    fp8_recipe: str = "delayed"
+    fp8_margin: int = 0
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"
 
     @property
     def name(self) -> str:
@@ -265,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--loss-scale-window", pr.loss_scale_window)
     _add(g, "--hysteresis", pr.hysteresis)
     _add(g, "--fp8-format", pr.fp8_format, type=str, choices=["e4m3", "hybrid"])
+    _add(g, "--fp8-recipe", pr.fp8_recipe, choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+    _add(g, "--fp8-margin", pr.fp8_margin)
+    _add(g, "--fp8-amax-history-len", pr.fp8_amax_history_len,
+         help="delayed scaling: amax history window (Transformer Engine's own default is 1024)")
+    _add(g, "--fp8-amax-compute-algo", pr.fp8_amax_compute_algo, choices=["most_recent", "max"],
+         help="delayed scaling: amax of the window (Transformer Engine's own default is max)")
 
     g = p.add_argument_group("optimizer and learning rate")
     _add(g, "--optimizer", o.optimizer, choices=["adam", "sgd"])
@@ -311,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--loss-spike-zscore", st.spike_zscore, dest="spike_zscore")
     _add(g, "--grad-norm-spike-factor", st.grad_norm_spike_factor)
     _add(g, "--inject-nan-at", st.inject_nan_at, type=int, help="test hook: NaN loss here")
+    _add(g, "--inject-inf-grad-at", st.inject_inf_grad_at, type=int,
+         help="test hook: this iteration's gradients are inf, its loss is untouched")
     _add(g, "--inject-spike-at", st.inject_spike_at, type=int,
          help="test hook: this iteration's per-token losses x --inject-spike-scale")
     _add(g, "--inject-spike-scale", st.inject_spike_scale)
@@ -439,6 +454,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if pr.fp8_amax_history_len < 1 or pr.fp8_margin < 0:
+        raise ConfigError("--fp8-amax-history-len must be at least 1 and --fp8-margin at least 0")
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:
         raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
                           f"than --seq-length ({m.seq_length})")

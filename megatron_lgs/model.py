@@ -75,6 +75,11 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         pipeline_dtype=dtype,
         bf16=cfg.precision.bf16,
         fp16=cfg.precision.fp16,
+        fp8=cfg.precision.fp8_format,
+        fp8_recipe=cfg.precision.fp8_recipe,
+        fp8_margin=cfg.precision.fp8_margin,
+        fp8_amax_history_len=cfg.precision.fp8_amax_history_len,
+        fp8_amax_compute_algo=cfg.precision.fp8_amax_compute_algo,
         # The same seed gives the same full weights whatever the tensor-parallel layout.
         use_cpu_initialization=True,
         # Fused kernels exist only on GPU (TE/Apex/torch.compile'd); unfused math elsewhere.

@@ -37,8 +37,9 @@ class StabilityConfig:
     spike_window: int = 50
     spike_zscore: float = 6.0
     grad_norm_spike_factor: float = 10.0
-    # Test-only hooks: poison the loss of one iteration.
+    # Test-only hooks: poison the loss (or only the gradients) of one iteration.
     inject_nan_at: int | None = None
+    inject_inf_grad_at: int | None = None
     inject_spike_at: int | None = None
     inject_spike_scale: float = 1e3
 
@@ -94,9 +95,24 @@ class StabilityMonitor:
         self.grad_norms = deque(state.get("grad_norms", []))
 
 
+class _InfGradient(torch.autograd.Function):
+    """Identity forward; backward turns every gradient into +inf (an overflow, loss intact)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(grad, float("inf"))
+
+
 def poison_loss(loss_func, iteration: int, cfg: StabilityConfig):
     """Wrap a forward step's loss function so that the injected iteration's per-token losses
-    are NaN, or scaled into a spike, before the loss function sees them."""
+    are NaN, or scaled into a spike, before the loss function sees them; or so that the loss
+    stays what it is and only its gradients overflow to inf."""
+    if iteration == cfg.inject_inf_grad_at:
+        return lambda output_tensor: loss_func(_InfGradient.apply(output_tensor))
     if iteration == cfg.inject_nan_at:
         factor = float("nan")
     elif iteration == cfg.inject_spike_at:
