@@ -124,6 +124,17 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None
+    # ZeRO-3 (parameters sharded too): Megatron-FSDP; implies the distributed optimizer.
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    # ZeRO-Offload: megatron-core's HybridDeviceOptimizer keeps this fraction of the optimizer
+    # state and its Adam step in host memory (GPU runs only).
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        return self.use_distributed_optimizer or self.use_megatron_fsdp
 
 
 @dataclass(frozen=True)
@@ -301,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--overlap-grad-reduce", o.overlap_grad_reduce)
     _add(g, "--overlap-param-gather", o.overlap_param_gather)
     _add(g, "--ddp-bucket-size", o.ddp_bucket_size, type=int)
+    _add(g, "--use-megatron-fsdp", o.use_megatron_fsdp,
+         help="Megatron-FSDP (implies --use-distributed-optimizer)")
+    _add(g, "--data-parallel-sharding-strategy", o.data_parallel_sharding_strategy,
+         choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
+         help="with --use-megatron-fsdp: optim_grads_params is ZeRO-3")
+    _add(g, "--optimizer-cpu-offload", o.optimizer_cpu_offload,
+         help="keep optimizer state and its step in host memory (needs a GPU)")
+    _add(g, "--optimizer-offload-fraction", o.optimizer_offload_fraction)
 
     g = p.add_argument_group("batch and run")
     _add(g, "--micro-batch-size", t.micro_batch_size)
@@ -459,11 +478,12 @@ def validate(cfg: Config) -> None:
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:
         raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
                           f"than --seq-length ({m.seq_length})")
-    if o.optimizer == "sgd" and o.use_distributed_optimizer:
+    if o.optimizer == "sgd" and o.distributed_optimizer:
         raise ConfigError("--use-distributed-optimizer supports only --optimizer adam in "
                           "megatron-core 0.16.1")
-    if o.overlap_param_gather and not o.use_distributed_optimizer:
+    if o.overlap_param_gather and not o.distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    _validate_zero(cfg)
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
     if o.lr < o.min_lr:
@@ -512,6 +532,28 @@ def validate(cfg: Config) -> None:
                           f"{t.exit_duration_in_mins}")
     if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
+
+
+def _validate_zero(cfg: Config) -> None:
+    o, par, ckpt = cfg.optim, cfg.parallel, cfg.checkpoint
+    if o.data_parallel_sharding_strategy != "no_shard" and not o.use_megatron_fsdp:
+        raise ConfigError("--data-parallel-sharding-strategy is a Megatron-FSDP setting: add "
+                          "--use-megatron-fsdp (ZeRO-1/2 without it: --use-distributed-optimizer)")
+    if o.use_megatron_fsdp:
+        if ckpt.save or ckpt.load:
+            raise ConfigError("--use-megatron-fsdp: its checkpoints need megatron's "
+                              "fsdp_dtensor format, which this trainer does not write or read "
+                              "yet; run with --no-save and without --load")
+        if par.world_size != par.data_parallel_size or par.expert_model_parallel_size > 1:
+            raise ConfigError("--use-megatron-fsdp is wired and tested for pure data "
+                              "parallelism only; use TP/PP/CP/EP with --use-distributed-optimizer")
+    if o.optimizer_cpu_offload:
+        if not o.use_distributed_optimizer or o.use_megatron_fsdp:
+            raise ConfigError("--optimizer-cpu-offload needs --use-distributed-optimizer "
+                              "(megatron-core offloads the distributed optimizer's shard)")
+        if not 0.0 < o.optimizer_offload_fraction <= 1.0:
+            raise ConfigError(f"--optimizer-offload-fraction must be in (0, 1], got "
+                              f"{o.optimizer_offload_fraction}")
 
 
 def warmup_iters(cfg: Config) -> int:

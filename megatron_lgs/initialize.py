@@ -37,6 +37,10 @@ def check_platform(cfg: Config, platform: Platform) -> None:
         raise ConfigError("MoE experts with linear biases fail in megatron-core 0.16.1's local "
                           "expert MLP (an in-place update of an autograd view); add "
                           "--disable-bias-linear, as MoE configs usually do")
+    if cfg.optim.optimizer_cpu_offload and not platform.is_cuda:
+        raise ConfigError("--optimizer-cpu-offload moves optimizer state from GPU memory to "
+                          "host memory; this run has no GPU, so its optimizer state already "
+                          "lives in host memory")
     if cfg.parallel.context_parallel_size > 1 and not platform.te_available:
         raise ConfigError(
             "--context-parallel-size > 1 needs Transformer Engine attention, which cannot run "

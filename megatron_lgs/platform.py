@@ -129,6 +129,11 @@ CPU_PATCHES: dict[str, str] = {
     "device='cuda' factories in megatron modules": "grad scaler, optimizer found-inf flags, "
     "grad-norm clipping, schedules and the causal mask create tensors with device='cuda'; those "
     "modules see a torch whose factories map a CUDA device to the CPU (_CUDA_FACTORY_MODULES)",
+    "torch.device in megatron_fsdp.megatron_fsdp": "Megatron-FSDP compares its device with "
+    "torch.device(f'cuda:{torch.cuda.current_device()}'), which is 'cuda:cpu' here; that "
+    "module sees a torch.device that maps CUDA names to the CPU",
+    "DeviceMesh in mcore_fsdp_adapter": "the Megatron-FSDP adapter builds its DTensor meshes "
+    "with device_type='cuda'; on CPU they are built for 'cpu' (gloo)",
 }
 
 # megatron-core modules whose source creates tensors with a hard-coded device="cuda".
@@ -158,6 +163,9 @@ class _NoOpStream:
         pass
 
     def wait_event(self, event: object) -> None:
+        pass
+
+    def wait(self, stream: object = None) -> None:
         pass
 
     def record_event(self, event: object = None) -> _NoOpStream:
@@ -200,6 +208,26 @@ def _torch_with_cpu_factories() -> types.ModuleType:
     for name in _FACTORIES:
         setattr(view, name, _cpu_factory(getattr(torch, name)))
     return view
+
+
+_FSDP_MODULE = "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp"
+_FSDP_ADAPTER = "megatron.core.distributed.fsdp.mcore_fsdp_adapter"
+
+
+def _cpu_device(*args: object, **kwargs: object) -> torch.device:
+    if (args and _is_cuda_device(args[0])) or str(kwargs.get("type", "")).startswith("cuda"):
+        return torch.device("cpu")
+    return torch.device(*args, **kwargs)
+
+
+def _cpu_device_mesh(mesh_cls: type) -> type:
+    class CpuDeviceMesh(mesh_cls):
+        @staticmethod
+        def from_group(*args: object, **kwargs: object):
+            kwargs["device_type"] = "cpu"
+            return mesh_cls.from_group(*args, **kwargs)
+
+    return CpuDeviceMesh
 
 
 def _cpu_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
@@ -261,6 +289,13 @@ def _install_cpu_patches() -> None:
     torch_view = _torch_with_cpu_factories()
     for module_name in _CUDA_FACTORY_MODULES:
         importlib.import_module(module_name).torch = torch_view
+
+    fsdp = importlib.import_module(_FSDP_MODULE)
+    fsdp.torch = types.ModuleType("torch")
+    fsdp.torch.__dict__.update(torch.__dict__)
+    fsdp.torch.device = _cpu_device
+    adapter = importlib.import_module(_FSDP_ADAPTER)
+    adapter.DeviceMesh = _cpu_device_mesh(adapter.DeviceMesh)
 
 
 # --------------------------------------------------------------------------------------------

@@ -145,6 +145,11 @@ class Trainer:
             f"{c.parallel.context_parallel_size} x DP {self.dp_size}; parameters on this rank: "
             f"{n:,}; precision {c.precision.name}; micro-batches per step: "
             f"{self.num_microbatches}")
+        per_rank = memory.gather(memory.startup_memory_bytes(self.model, self.optimizer,
+                                                             c.optim.optimizer))
+        print_rank_last(memory.memory_log_line(per_rank, " at start-up"))
+        self.metrics_file.write(event="memory_startup", iteration=self.state.iteration,
+                                per_rank=per_rank)
 
     # -- one step ------------------------------------------------------------------------------
     def _forward_step_for(self, iteration: int) -> ForwardStep:
