@@ -43,3 +43,18 @@ def test_fsdp_gradient_division_fusion_is_nccl_only_and_switchable():
 def test_noop_event_can_be_waited_on():
     torch.cuda.Event().wait()
     torch.cuda.Event().wait(torch.cuda.current_stream())
+
+
+def test_fsdp_parameter_gathers_are_made_synchronous():
+    source = _source(platform._FSDP_BUFFERS)
+    assert "from torch.distributed import _coalescing_manager" in source
+    assert "async_ops=async_param_gather" in source
+    buffers = importlib.import_module(platform._FSDP_BUFFERS)
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+
+    platform._synchronous(fake)(None, async_ops=True)
+    assert seen == {"async_ops": False}
+    assert buffers._coalescing_manager.__name__ == "manager"
