@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -65,13 +66,20 @@ def run_layout(name: str, extra: list[str], iters: int) -> Result:
     # Two log intervals: the first absorbs the warm-up, the second is timed.
     argv = [*MODEL, *extra, *flags, "--train-iters", str(2 * iters), "--log-interval",
             str(iters), "--no-save"]
-    proc = subprocess.run([*launcher, str(REPO / "pretrain_gpt.py"), *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    # Its own process group, so that a layout that hangs is stopped with all its ranks.
+    with subprocess.Popen([*launcher, str(REPO / "pretrain_gpt.py"), *argv], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise SystemExit(f"{name}: no result within 600 s") from None
     if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    memory = _MEMORY.search(proc.stdout)
-    steps = _STEP.findall(proc.stdout)
-    assert memory and len(steps) == 2, proc.stdout[-2000:]
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    memory = _MEMORY.search(stdout)
+    steps = _STEP.findall(stdout)
+    assert memory and len(steps) == 2, stdout[-2000:]
     return Result(name, nproc, memory.groups(), float(steps[-1]))
 
 
