@@ -105,6 +105,13 @@ class PrecisionConfig:
     loss_scale_window: int = 1000
     hysteresis: int = 2
     fp8_format: str | None = None
+    # Megatron-LM's FP8 defaults, written here and always passed to megatron-core, which builds
+    # Transformer Engine's recipe from them (TE's own DelayedScaling defaults differ: history
+    # 1024, algorithm "max"; they never apply to our runs).
+    fp8_recipe: str = "delayed"
+    fp8_margin: int = 0
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"
 
     @property
     def name(self) -> str:
@@ -132,6 +139,17 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None
+    # ZeRO-3 (parameters sharded too): Megatron-FSDP; implies the distributed optimizer.
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    # ZeRO-Offload: megatron-core's HybridDeviceOptimizer keeps this fraction of the optimizer
+    # state and its Adam step in host memory (GPU runs only).
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        return self.use_distributed_optimizer or self.use_megatron_fsdp
 
 
 @dataclass(frozen=True)
@@ -292,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--loss-scale-window", pr.loss_scale_window)
     _add(g, "--hysteresis", pr.hysteresis)
     _add(g, "--fp8-format", pr.fp8_format, type=str, choices=["e4m3", "hybrid"])
+    _add(g, "--fp8-recipe", pr.fp8_recipe, choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+    _add(g, "--fp8-margin", pr.fp8_margin)
+    _add(g, "--fp8-amax-history-len", pr.fp8_amax_history_len,
+         help="delayed scaling: amax history window (Transformer Engine's own default is 1024)")
+    _add(g, "--fp8-amax-compute-algo", pr.fp8_amax_compute_algo, choices=["most_recent", "max"],
+         help="delayed scaling: amax of the window (Transformer Engine's own default is max)")
 
     g = p.add_argument_group("optimizer and learning rate")
     _add(g, "--optimizer", o.optimizer, choices=["adam", "sgd"])
@@ -315,6 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--overlap-grad-reduce", o.overlap_grad_reduce)
     _add(g, "--overlap-param-gather", o.overlap_param_gather)
     _add(g, "--ddp-bucket-size", o.ddp_bucket_size, type=int)
+    _add(g, "--use-megatron-fsdp", o.use_megatron_fsdp,
+         help="Megatron-FSDP (implies --use-distributed-optimizer)")
+    _add(g, "--data-parallel-sharding-strategy", o.data_parallel_sharding_strategy,
+         choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
+         help="with --use-megatron-fsdp: optim_grads_params is ZeRO-3")
+    _add(g, "--optimizer-cpu-offload", o.optimizer_cpu_offload,
+         help="keep optimizer state and its step in host memory (needs a GPU)")
+    _add(g, "--optimizer-offload-fraction", o.optimizer_offload_fraction)
 
     g = p.add_argument_group("layer-wise gradient sync (LGS)")
     _add(g, "--lgs", lgs.lgs, help="hierarchical layer-wise gradient sync on megatron's DDP")
@@ -370,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--loss-spike-zscore", st.spike_zscore, dest="spike_zscore")
     _add(g, "--grad-norm-spike-factor", st.grad_norm_spike_factor)
     _add(g, "--inject-nan-at", st.inject_nan_at, type=int, help="test hook: NaN loss here")
+    _add(g, "--inject-inf-grad-at", st.inject_inf_grad_at, type=int,
+         help="test hook: this iteration's gradients are inf, its loss is untouched")
     _add(g, "--inject-spike-at", st.inject_spike_at, type=int,
          help="test hook: this iteration's per-token losses x --inject-spike-scale")
     _add(g, "--inject-spike-scale", st.inject_spike_scale)
@@ -507,14 +541,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if pr.fp8_amax_history_len < 1 or pr.fp8_margin < 0:
+        raise ConfigError("--fp8-amax-history-len must be at least 1 and --fp8-margin at least 0")
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:
         raise ConfigError(f"--max-position-embeddings ({m.max_position_embeddings}) is smaller "
                           f"than --seq-length ({m.seq_length})")
-    if o.optimizer == "sgd" and o.use_distributed_optimizer:
+    if o.optimizer == "sgd" and o.distributed_optimizer:
         raise ConfigError("--use-distributed-optimizer supports only --optimizer adam in "
                           "megatron-core 0.16.1")
-    if o.overlap_param_gather and not o.use_distributed_optimizer:
+    if o.overlap_param_gather and not o.distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    _validate_zero(cfg)
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
     if o.lr < o.min_lr:
@@ -592,6 +629,9 @@ def _validate_lgs(cfg: Config) -> None:
     if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:
         raise ConfigError("--lgs-autotune-throughput-margin must be in [0, 1) and "
                           "--lgs-autotune-loss-margin >= 0")
+    if cfg.optim.use_megatron_fsdp:
+        raise ConfigError("--lgs groups megatron DDP's gradient buckets; Megatron-FSDP "
+                          "(--use-megatron-fsdp) has its own, so use one or the other")
     if cfg.optim.ddp_bucket_size is not None:
         raise ConfigError("--ddp-bucket-size and --lgs both set bucket sizes; LGS plans its "
                           "buckets from --lgs-intra/inter-threshold-mb")
@@ -661,6 +701,28 @@ def _validate_recompute(m: ModelConfig, pp: int) -> None:
         if not 1 <= layers <= per_stage:
             raise ConfigError(f"--recompute-num-layers ({layers}) must be in 1..{per_stage} "
                               f"(the layers of one pipeline stage)")
+
+
+def _validate_zero(cfg: Config) -> None:
+    o, par, ckpt = cfg.optim, cfg.parallel, cfg.checkpoint
+    if o.data_parallel_sharding_strategy != "no_shard" and not o.use_megatron_fsdp:
+        raise ConfigError("--data-parallel-sharding-strategy is a Megatron-FSDP setting: add "
+                          "--use-megatron-fsdp (ZeRO-1/2 without it: --use-distributed-optimizer)")
+    if o.use_megatron_fsdp:
+        if ckpt.save or ckpt.load:
+            raise ConfigError("--use-megatron-fsdp: its checkpoints need megatron's "
+                              "fsdp_dtensor format, which this trainer does not write or read "
+                              "yet; run with --no-save and without --load")
+        if par.world_size != par.data_parallel_size or par.expert_model_parallel_size > 1:
+            raise ConfigError("--use-megatron-fsdp is wired and tested for pure data "
+                              "parallelism only; use TP/PP/CP/EP with --use-distributed-optimizer")
+    if o.optimizer_cpu_offload:
+        if not o.use_distributed_optimizer or o.use_megatron_fsdp:
+            raise ConfigError("--optimizer-cpu-offload needs --use-distributed-optimizer "
+                              "(megatron-core offloads the distributed optimizer's shard)")
+        if not 0.0 < o.optimizer_offload_fraction <= 1.0:
+            raise ConfigError(f"--optimizer-offload-fraction must be in (0, 1], got "
+                              f"{o.optimizer_offload_fraction}")
 
 
 def warmup_iters(cfg: Config) -> int:

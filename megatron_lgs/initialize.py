@@ -37,7 +37,10 @@ def check_platform(cfg: Config, platform: Platform) -> None:
         raise ConfigError("MoE experts with linear biases fail in megatron-core 0.16.1's local "
                           "expert MLP (an in-place update of an autograd view); add "
                           "--disable-bias-linear, as MoE configs usually do")
-
+    if cfg.optim.optimizer_cpu_offload and not platform.is_cuda:
+        raise ConfigError("--optimizer-cpu-offload moves optimizer state from GPU memory to "
+                          "host memory; this run has no GPU, so its optimizer state already "
+                          "lives in host memory")
 
 
 def _free_port() -> int:

@@ -90,6 +90,11 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         pipeline_dtype=dtype,
         bf16=cfg.precision.bf16,
         fp16=cfg.precision.fp16,
+        fp8=cfg.precision.fp8_format,
+        fp8_recipe=cfg.precision.fp8_recipe,
+        fp8_margin=cfg.precision.fp8_margin,
+        fp8_amax_history_len=cfg.precision.fp8_amax_history_len,
+        fp8_amax_compute_algo=cfg.precision.fp8_amax_compute_algo,
         # Full weights built once then split; init_weights then redraws every parameter from
         # its global name, so the layout never changes the model.
         use_cpu_initialization=True,

@@ -2,7 +2,9 @@
 
 DDP owns the contiguous gradient buffers and their buckets; with `--use-distributed-optimizer`
 gradients are reduce-scattered and each data-parallel rank keeps only its shard of the fp32
-main weights and Adam moments (ZeRO-1/2).
+main weights and Adam moments (ZeRO-1/2). `--use-megatron-fsdp` wraps the model in
+Megatron-FSDP instead, which with `optim_grads_params` shards the parameters too (ZeRO-3) and
+all-gathers each transformer layer's weights just before they are used.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from megatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
+from megatron.core.distributed.data_parallel_base import _BaseDataParallel
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
@@ -25,14 +29,16 @@ from megatron_lgs.arguments import Config, ConfigError, warmup_iters
 from megatron_lgs.lgs import sync
 from megatron_lgs.lgs.plan import PlanError
 from megatron_lgs.model import params_dtype
+from megatron_lgs.platform import get_platform
 
 
 def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
-             log: Callable[[str], None] = print) -> list[DistributedDataParallel]:
+             log: Callable[[str], None] = print) -> list[_BaseDataParallel]:
     """One DDP per model chunk; as in Megatron-LM, chunks after the first are not bucketed
     (their gradients are ready only at the very end of the interleaved backward). With --lgs,
     one layer-wise engine takes over the gradient sync of all chunks."""
     o = cfg.optim
+    platform = get_platform()
     ddp_config = DistributedDataParallelConfig(
         # Megatron-LM accumulates and reduces half-precision grads in fp32 by default.
         grad_reduce_in_fp32=cfg.precision.bf16 or cfg.precision.fp16,
@@ -40,14 +46,23 @@ def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
         # layout its plan groups).
         overlap_grad_reduce=o.overlap_grad_reduce or cfg.lgs.lgs,
         overlap_param_gather=o.overlap_param_gather,
-        use_distributed_optimizer=o.use_distributed_optimizer,
+        use_distributed_optimizer=o.distributed_optimizer,
         bucket_size=sync.fine_bucket_size(
             parallel_state.get_data_parallel_world_size(with_context_parallel=True),
             o.use_distributed_optimizer) if cfg.lgs.lgs else o.ddp_bucket_size,
         # Non-finite grads must reach the step: FP16 backs off its loss scale on them, and the
         # stability monitor skips and counts the update (megatron's check would abort the run).
         check_for_nan_in_grad=False,
+        use_megatron_fsdp=o.use_megatron_fsdp,
+        data_parallel_sharding_strategy=o.data_parallel_sharding_strategy,
+        # Megatron-FSDP folds the 1/DP into its reduce-scatter as NCCL's PREMUL_SUM, which gloo
+        # does not have; on CPU it divides after a plain sum.
+        gradient_reduce_div_fusion=platform.is_cuda,
     )
+    if o.use_megatron_fsdp:
+        return [FullyShardedDataParallel(chunk.config, ddp_config, chunk,
+                                         device=None if platform.is_cuda else platform.device)
+                for chunk in chunks]
     ddps = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)]
     if cfg.lgs.lgs:
@@ -58,7 +73,7 @@ def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
     return ddps
 
 
-def build_optimizer(cfg: Config, model: list[DistributedDataParallel]) -> MegatronOptimizer:
+def build_optimizer(cfg: Config, model: list[_BaseDataParallel]) -> MegatronOptimizer:
     o, p = cfg.optim, cfg.precision
     config = MegatronOptimizerConfig(
         optimizer=o.optimizer,
@@ -78,8 +93,11 @@ def build_optimizer(cfg: Config, model: list[DistributedDataParallel]) -> Megatr
         min_loss_scale=p.min_loss_scale,
         loss_scale_window=p.loss_scale_window,
         hysteresis=p.hysteresis,
-        use_distributed_optimizer=o.use_distributed_optimizer,
+        use_distributed_optimizer=o.distributed_optimizer,
         overlap_param_gather=o.overlap_param_gather,
+        optimizer_cpu_offload=o.optimizer_cpu_offload,
+        optimizer_offload_fraction=o.optimizer_offload_fraction if o.optimizer_cpu_offload
+        else 0.0,
     )
     return get_megatron_optimizer(config, model)
 
@@ -106,7 +124,7 @@ def build_scheduler(cfg: Config, optimizer: MegatronOptimizer) -> OptimizerParam
     )
 
 
-def attach_schedule_hooks(cfg: Config, model: list[DistributedDataParallel],
+def attach_schedule_hooks(cfg: Config, model: list[_BaseDataParallel],
                           optimizer: MegatronOptimizer) -> None:
     """What megatron's forward_backward_func reads from the model config: loss scaling, the
     no-sync context for all but the last micro-batch, and the end-of-backward grad reduction."""
@@ -122,7 +140,7 @@ def attach_schedule_hooks(cfg: Config, model: list[DistributedDataParallel],
         config.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
 
 
-def guarded_step(optimizer: ChainedOptimizer,
+def guarded_step(optimizer: ChainedOptimizer | MegatronOptimizer,
                  accept: Callable[[float], bool]) -> tuple[bool, float | None]:
     """megatron-core 0.16.1's ChainedOptimizer.step with a veto: between measuring the global
     gradient norm and touching any weight, `accept(grad_norm)` may refuse the update.
@@ -133,7 +151,8 @@ def guarded_step(optimizer: ChainedOptimizer,
     grad_norm = optimizer.get_grad_norm()
     if not accept(grad_norm):
         return False, grad_norm
-    for inner in optimizer.chained_optimizers:
+    # Megatron-FSDP gets one DistributedOptimizer, not a chain.
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         parameters = inner.get_parameters()
         if parameters and inner.config.clip_grad > 0.0:
             clip_grad_by_total_norm_fp32(parameters, max_norm=inner.config.clip_grad,

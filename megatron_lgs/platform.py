@@ -132,6 +132,16 @@ CPU_PATCHES: dict[str, str] = {
     "pin_memory=True factories in megatron modules": "rotary embeddings under context "
     "parallelism stage an index in pinned memory, which fails without an accelerator; those "
     "modules (_PINNED_MEMORY_MODULES) see the same torch view, which drops pin_memory",
+    "torch.device in megatron_fsdp.megatron_fsdp": "Megatron-FSDP compares its device with "
+    "torch.device(f'cuda:{torch.cuda.current_device()}'), which is 'cuda:cpu' here; that "
+    "module sees a torch.device that maps CUDA names to the CPU",
+    "DeviceMesh in mcore_fsdp_adapter": "the Megatron-FSDP adapter builds its DTensor meshes "
+    "with device_type='cuda'; on CPU they are built for 'cpu' (gloo)",
+    "_coalescing_manager in megatron_fsdp.param_and_grad_buffer": "Megatron-FSDP prefetches "
+    "parameter all-gathers asynchronously and orders them with CUDA streams and events, which "
+    "are no-ops here, while gloo fills the buckets from its own threads; its coalesced "
+    "collectives complete before the block returns, as every CPU op does (a CPU run hit one "
+    "SIGSEGV in ~20 ZeRO-3 runs without this)",
 }
 
 # megatron-core modules whose source creates tensors with a hard-coded device="cuda".
@@ -163,6 +173,9 @@ class _NoOpStream:
         pass
 
     def wait_event(self, event: object) -> None:
+        pass
+
+    def wait(self, stream: object = None) -> None:
         pass
 
     def record_event(self, event: object = None) -> _NoOpStream:
@@ -206,6 +219,35 @@ def _torch_with_cpu_factories() -> types.ModuleType:
     for name in _FACTORIES:
         setattr(view, name, _cpu_factory(getattr(torch, name)))
     return view
+
+
+_FSDP_MODULE = "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp"
+_FSDP_ADAPTER = "megatron.core.distributed.fsdp.mcore_fsdp_adapter"
+_FSDP_BUFFERS = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer"
+
+
+def _synchronous(coalescing_manager):
+    def manager(*args: object, **kwargs: object):
+        kwargs["async_ops"] = False
+        return coalescing_manager(*args, **kwargs)
+
+    return manager
+
+
+def _cpu_device(*args: object, **kwargs: object) -> torch.device:
+    if (args and _is_cuda_device(args[0])) or str(kwargs.get("type", "")).startswith("cuda"):
+        return torch.device("cpu")
+    return torch.device(*args, **kwargs)
+
+
+def _cpu_device_mesh(mesh_cls: type) -> type:
+    class CpuDeviceMesh(mesh_cls):
+        @staticmethod
+        def from_group(*args: object, **kwargs: object):
+            kwargs["device_type"] = "cpu"
+            return mesh_cls.from_group(*args, **kwargs)
+
+    return CpuDeviceMesh
 
 
 def _cpu_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
@@ -267,6 +309,15 @@ def _install_cpu_patches() -> None:
     torch_view = _torch_with_cpu_factories()
     for module_name in _CUDA_FACTORY_MODULES + _PINNED_MEMORY_MODULES:
         importlib.import_module(module_name).torch = torch_view
+
+    fsdp = importlib.import_module(_FSDP_MODULE)
+    fsdp.torch = types.ModuleType("torch")
+    fsdp.torch.__dict__.update(torch.__dict__)
+    fsdp.torch.device = _cpu_device
+    adapter = importlib.import_module(_FSDP_ADAPTER)
+    adapter.DeviceMesh = _cpu_device_mesh(adapter.DeviceMesh)
+    buffers = importlib.import_module(_FSDP_BUFFERS)
+    buffers._coalescing_manager = _synchronous(buffers._coalescing_manager)
 
 
 # --------------------------------------------------------------------------------------------

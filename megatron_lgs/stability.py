@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.utils import unwrap_model
 
@@ -37,8 +38,9 @@ class StabilityConfig:
     spike_window: int = 50
     spike_zscore: float = 6.0
     grad_norm_spike_factor: float = 10.0
-    # Test-only hooks: poison the loss of one iteration.
+    # Test-only hooks: poison the loss (or only the gradients) of one iteration.
     inject_nan_at: int | None = None
+    inject_inf_grad_at: int | None = None
     inject_spike_at: int | None = None
     inject_spike_scale: float = 1e3
 
@@ -94,9 +96,24 @@ class StabilityMonitor:
         self.grad_norms = deque(state.get("grad_norms", []))
 
 
+class _InfGradient(torch.autograd.Function):
+    """Identity forward; backward turns every gradient into +inf (an overflow, loss intact)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(grad, float("inf"))
+
+
 def poison_loss(loss_func, iteration: int, cfg: StabilityConfig):
     """Wrap a forward step's loss function so that the injected iteration's per-token losses
-    are NaN, or scaled into a spike, before the loss function sees them."""
+    are NaN, or scaled into a spike, before the loss function sees them; or so that the loss
+    stays what it is and only its gradients overflow to inf."""
+    if iteration == cfg.inject_inf_grad_at:
+        return lambda output_tensor: loss_func(_InfGradient.apply(output_tensor))
     if iteration == cfg.inject_nan_at:
         factor = float("nan")
     elif iteration == cfg.inject_spike_at:
@@ -111,19 +128,38 @@ def poison_loss(loss_func, iteration: int, cfg: StabilityConfig):
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
-def _param_labels(model: list) -> dict[torch.nn.Parameter, str]:
+def _label(module: torch.nn.Module, name: str) -> str:
     """'layer N' (global, 1-based) for transformer layers; the top-level module otherwise."""
-    labels = {}
-    for module in unwrap_model(model):
-        for name, param in module.named_parameters():
-            match = _LAYER.match(name)
-            if match:
-                number = module.decoder.layers[int(match.group(1))].layer_number
-                labels[param] = f"layer {number}"
-            else:
-                labels[param] = name.split(".")[0] if not name.startswith("decoder.final") \
-                    else "final_norm"
-    return labels
+    match = _LAYER.match(name)
+    if match:
+        return f"layer {module.decoder.layers[int(match.group(1))].layer_number}"
+    return name.split(".")[0] if not name.startswith("decoder.final") else "final_norm"
+
+
+def _param_labels(model: list) -> dict[torch.nn.Parameter, str]:
+    return {param: _label(module, name) for module in unwrap_model(model)
+            for name, param in module.named_parameters()}
+
+
+def _fsdp_shards(model: FullyShardedDataParallel) -> list[tuple[str, torch.nn.Parameter]]:
+    """Megatron-FSDP's optimizer parameters (this rank's shards, DTensors), labelled; their
+    .grad is the reduced, unscaled gradient shard once the optimizer has prepared it."""
+    module = unwrap_model(model.module.module)
+    prefix = "module."  # Float16Module, under Megatron-FSDP's own wrapper
+    return [(_label(module, name[len(prefix):] if name.startswith(prefix) else name), param)
+            for name, param in model.param_and_grad_buffer.optimizer_named_parameters]
+
+
+def _fsdp_layer_grad_norms(model: FullyShardedDataParallel) -> dict[str, float]:
+    shards = _fsdp_shards(model)
+    names = sorted({label for label, _ in shards})
+    sums = torch.zeros(len(names), dtype=torch.float64)
+    for label, param in shards:
+        if param.grad is not None:
+            piece = param.grad.to_local().double().flatten()
+            sums[names.index(label)] += torch.dot(piece, piece)
+    dist.all_reduce(sums, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    return {name: math.sqrt(value) for name, value in zip(names, sums.tolist(), strict=True)}
 
 
 def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
@@ -132,8 +168,10 @@ def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
     Reads the DDP buffers after reduction: each data-parallel rank sums its own shard of each
     bucket (with the distributed optimizer, only that shard is reduced), and the sums of squares
     are added over data-parallel and model-parallel ranks; tensor-parallel duplicates once.
+    Under Megatron-FSDP: the optimizer's gradient shards.
     """
-    mp_group = parallel_state.get_model_parallel_group()
+    if isinstance(model[0], FullyShardedDataParallel):
+        return _fsdp_layer_grad_norms(model[0])
     labels = _param_labels(model)
     # Pipeline stages hold different layers: agree on one list of names before summing.
     mp_group = parallel_state.get_model_parallel_group()
@@ -163,21 +201,29 @@ def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
                                                                        strict=True)}
 
 
-def _parameters(model: list) -> list[torch.nn.Parameter]:
-    return [p for chunk in model for p in chunk.parameters()]
+def _weights(model: list) -> list[tuple[torch.Tensor, bool]]:
+    """(this rank's weights, counted) pairs: TP duplicates are not counted; under Megatron-FSDP
+    each rank's shards of the main weights (its full layers exist only while they run)."""
+    if isinstance(model[0], FullyShardedDataParallel):
+        return [(p.detach().to_local(), True) for _, p in _fsdp_shards(model[0])]
+    return [(p.detach(), param_is_not_tensor_parallel_duplicate(p))
+            for chunk in model for p in chunk.parameters()]
 
 
 def snapshot_parameters(model: list) -> list[torch.Tensor]:
-    return [p.detach().float().clone() for p in _parameters(model)]
+    return [w.float().clone() for w, _ in _weights(model)]
 
 
 def update_ratio(model: list, before: list[torch.Tensor]) -> float:
     """||w_after - w_before|| / ||w_before|| over the whole model (collective)."""
     sums = torch.zeros(2, dtype=torch.float64)
-    for p, old in zip(_parameters(model), before, strict=True):
-        if param_is_not_tensor_parallel_duplicate(p):
-            sums[0] += torch.sum((p.detach().float() - old).double() ** 2)
+    for (w, counted), old in zip(_weights(model), before, strict=True):
+        if counted:
+            sums[0] += torch.sum((w.float() - old).double() ** 2)
             sums[1] += torch.sum(old.double() ** 2)
+    if isinstance(model[0], FullyShardedDataParallel):
+        dist.all_reduce(sums, group=parallel_state.get_data_parallel_group(
+            with_context_parallel=True))
     dist.all_reduce(sums, group=parallel_state.get_model_parallel_group())
     return math.sqrt(sums[0].item()) / max(math.sqrt(sums[1].item()), 1e-30)
 

@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from data_pipeline.mixing import MixingConfig, MixingSchedule
-from megatron_lgs import checkpointing, data, initialize, memory, metrics, stability
+from megatron_lgs import checkpointing, data, initialize, memory, metrics, moe_load, stability
 from megatron_lgs.arguments import Config, ConfigError, fail
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
@@ -138,6 +138,10 @@ class Trainer:
             cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
         self.sinks = metrics.ScalarSinks(cfg.logging, cfg.to_dict()) if is_last_rank else None
         self.last_step_seconds = 0.0
+        m = cfg.model
+        self.expert_load = moe_load.ExpertLoadMonitor(
+            self.model, m.num_layers, m.num_experts, m.moe_router_topk,
+            cfg.parallel.sequence_parallel) if m.num_experts else None
 
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
@@ -173,6 +177,11 @@ class Trainer:
             f"{self.num_microbatches}")
         if self.lgs:
             print_rank_0(self.lgs.describe())
+        per_rank = memory.gather(memory.startup_memory_bytes(self.model, self.optimizer,
+                                                             c.optim.optimizer))
+        print_rank_last(memory.memory_log_line(per_rank, " at start-up"))
+        self.metrics_file.write(event="memory_startup", iteration=self.state.iteration,
+                                per_rank=per_rank)
 
     # -- one step ------------------------------------------------------------------------------
     def _forward_step_for(self, iteration: int) -> ForwardStep:
@@ -375,6 +384,16 @@ class Trainer:
         self.metrics_file.write(event="memory", iteration=self.state.iteration,
                                 per_rank=per_rank)
 
+    def _log_expert_load(self) -> None:
+        layers = self.expert_load.collect()
+        for line in moe_load.log_lines(layers):
+            print_rank_last(line)
+        self.metrics_file.write(event="moe", iteration=self.state.iteration,
+                                **moe_load.metrics_record(layers))
+        if self.sinks:
+            self.sinks.add({f"moe/{k}": v for k, v in moe_load.metrics_record(layers).items()
+                            if isinstance(v, float | int)}, self.state.iteration)
+
     def _log_interval(self, interval: metrics.IntervalStats, result: StepResult,
                       lr: float, global_batch_size: int) -> None:
         t, s = self.cfg.training, self.state
@@ -399,6 +418,8 @@ class Trainer:
         print_rank_last(watch)
         for line in stability.alerts(result.grad_norm, result.update_ratio, variance):
             print_rank_last(line)
+        if self.expert_load is not None:
+            self._log_expert_load()
         scalars = {
             "lm loss": interval.mean_loss(), "learning rate": lr, "loss scale": loss_scale,
             "grad norm": result.grad_norm, "skipped iterations": s.skipped_iterations,

@@ -1,0 +1,35 @@
+"""ZeRO flags a run cannot honour stop in one line before any process group starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, _base_env
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--data-parallel-sharding-strategy", "optim_grads_params"], {},
+     "--data-parallel-sharding-strategy is a Megatron-FSDP setting"),
+    (["--use-megatron-fsdp"], {}, "fsdp_dtensor format"),
+    (["--use-megatron-fsdp", "--no-save", "--tensor-model-parallel-size", "2"],
+     {"WORLD_SIZE": "2", "RANK": "0"}, "pure data parallelism"),
+    (["--use-megatron-fsdp", "--no-save", "--optimizer", "sgd"], {},
+     "supports only --optimizer adam"),
+    (["--optimizer-cpu-offload"], {}, "--optimizer-cpu-offload needs --use-distributed-optimizer"),
+    (["--optimizer-cpu-offload", "--use-distributed-optimizer", "--optimizer-offload-fraction",
+      "0"], {}, "--optimizer-offload-fraction must be in (0, 1]"),
+    (["--optimizer-cpu-offload", "--use-distributed-optimizer", "--no-save"], {},
+     "its optimizer state already lives in host memory"),
+])
+def test_zero_flag_errors_are_one_line(argv, env, message):
+    full_env = {**_base_env(), **env}
+    full_env.pop("MASTER_ADDR", None)
+    proc = subprocess.run([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("pretrain_gpt.py: error: ")
+    assert message in lines[0]
