@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import queue
 import sys
 import types
 import warnings
@@ -100,7 +101,27 @@ def install() -> Platform:
         _install_cpu_patches()
         _PLATFORM = Platform(torch.device("cpu"), "gloo", False, te_error)
     _install_no_te_fixes()
+    _install_sync_save_queue()
     return _PLATFORM
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint saves, on every platform.
+# --------------------------------------------------------------------------------------------
+
+SAVE_FIXES: dict[str, str] = {
+    "filesystem_async._results_queue": "megatron-core creates the queue its file writers report "
+    "to as a spawn-context multiprocessing Manager, for saves finished by another process; it "
+    "starts a server process that re-imports the entry script (about 4 s on the first save of "
+    "every run, and a hang without an `if __name__ == '__main__'` guard). This trainer saves "
+    "synchronously: the writers' results are put and read in the training process, so a plain "
+    "queue.Queue serves.",
+}
+
+
+def _install_sync_save_queue() -> None:
+    writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    writer._results_queue = queue.Queue()
 
 
 # --------------------------------------------------------------------------------------------

@@ -45,6 +45,14 @@ def test_each_pinned_memory_patch_targets_a_module_that_still_pins(module_name):
     assert module.torch.tensor([1], pin_memory=True).device.type == "cpu"
 
 
+def test_sync_save_queue_replaces_the_spawned_manager_megatron_would_start():
+    writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    source = inspect.getsource(writer._get_write_results_queue)
+    assert "if _results_queue is None:" in source and 'get_context("spawn")' in source
+    assert writer._get_write_results_queue() is writer._results_queue
+    assert type(writer._results_queue).__module__ == "queue"
+
+
 def test_factory_patch_puts_cuda_tensors_on_cpu_and_leaves_torch_alone():
     clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
     t = clip_grads.torch.zeros(2, device="cuda")
