@@ -1,10 +1,12 @@
-"""Layer-wise gradient sync: cost model, step simulator, threshold memory wall, start-up
-recommendation and online threshold auto-tuner.
+"""Layer-wise gradient sync: the engine on megatron-core's DDP (plan, sync, compress), the cost
+model, step simulator, threshold memory wall, start-up recommendation and online auto-tuner.
 
 All simulator figures are predictions of an alpha-beta model, never measurements.
 """
 
 from megatron_lgs.lgs.baselines import Plan, baseline_plans, megatron_default, predict_plan
+from megatron_lgs.lgs.compress import dequantize, quantize, quantize_with_feedback
+from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.costmodel import (
     PROFILES,
     HardwareProfile,
@@ -20,6 +22,7 @@ from megatron_lgs.lgs.costmodel import (
     tree_allreduce_time,
 )
 from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
+from megatron_lgs.lgs.plan import BucketPlan, PlanConfig, PlanError, Unit, make_plan
 from megatron_lgs.lgs.recommend import (
     DEFAULT_PROFILE,
     Recommendation,
@@ -30,11 +33,25 @@ from megatron_lgs.lgs.recommend import (
     workload_for,
     workload_for_config,
 )
+from megatron_lgs.lgs.sync import LgsEngine, StepStats, fine_bucket_size, install
 from megatron_lgs.lgs.timeline import StepPrediction, Thresholds, Workload, predict_step
 from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
 __all__ = [
+    "BucketPlan",
+    "LgsConfig",
+    "LgsEngine",
+    "PlanConfig",
+    "PlanError",
+    "StepStats",
+    "Unit",
+    "dequantize",
+    "fine_bucket_size",
+    "install",
+    "make_plan",
+    "quantize",
+    "quantize_with_feedback",
     "DEFAULT_PROFILE",
     "PROFILES",
     "HardwareProfile",

@@ -78,7 +78,7 @@ class PlanConfig:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BucketPlan:
     units: tuple[Unit, ...]
     buckets: tuple[Bucket, ...]
     threshold_bytes: int  # after tightening by the memory cap
@@ -108,7 +108,7 @@ def _pieces(u: Unit, threshold: int, split: bool) -> list[tuple[int, int]]:
 
 
 def make_plan(units: Sequence[Unit], config: PlanConfig,
-              backward_seconds: dict[str, float] | None = None) -> Plan:
+              backward_seconds: dict[str, float] | None = None) -> BucketPlan:
     """Group `units` (in backward order) into buckets; see the module docstring for the rules."""
     cap = config.memory_cap_bytes
     threshold = min(config.threshold_bytes, cap) if cap else config.threshold_bytes
@@ -151,7 +151,7 @@ def make_plan(units: Sequence[Unit], config: PlanConfig,
             elif nbytes >= threshold:
                 close()
     close()
-    return Plan(tuple(units), tuple(buckets), threshold, threshold < config.threshold_bytes)
+    return BucketPlan(tuple(units), tuple(buckets), threshold, threshold < config.threshold_bytes)
 
 
 def layer_of(param_name: str) -> str:
@@ -170,7 +170,7 @@ def layer_of(param_name: str) -> str:
     return parts[0]
 
 
-def describe(plan: Plan, level: str, inter_messages: Sequence[int] | None = None) -> str:
+def describe(plan: BucketPlan, level: str, inter_messages: Sequence[int] | None = None) -> str:
     """The plan as the compact start-up table: bucket, layers, MB, level."""
     lines = [f" LGS plan: {len(plan.buckets)} buckets, threshold "
              f"{plan.threshold_bytes / MB:.3g} MB"

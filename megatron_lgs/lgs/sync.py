@@ -41,7 +41,7 @@ from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.plan import (
     MB,
-    Plan,
+    BucketPlan,
     PlanConfig,
     Unit,
     describe,
@@ -163,7 +163,7 @@ class _BufferSync:
     fine: list[_Fine]
     units: list[Unit]
     param_units: dict[torch.nn.Parameter, int]
-    plan: Plan | None = None
+    plan: BucketPlan | None = None
     unit_buckets: list[list[int]] = field(default_factory=list)  # unit -> plan buckets
     send_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [N, chunk]
     gather_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [chunk]
