@@ -1,16 +1,16 @@
 """The LGS bucket plan: which gradients are synchronized together, and on which links.
 
-Input: the gradient units in backward order (megatron-core's DDP buckets; one parameter each
-when LGS is on), each with the transformer layer it belongs to. A unit is seen in *chunk
+Input: the gradient units in backward order (megatron-core's small DDP buckets, see
+`sync.fine_bucket_size`), each with the transformer layer it belongs to. A unit is seen in *chunk
 coordinates*: every data-parallel rank owns one chunk of `units` elements of it (the
 distributed optimizer's shard), so a piece of a unit is a column range [lo, hi) across all D
 chunks and costs (hi - lo) x `unit_bytes` bytes of message. Splitting along columns keeps every
 piece evenly shardable, whatever the threshold.
 
 Rules, in this order, for each unit:
-- a unit larger than the bucket threshold is cut into threshold-sized pieces, each its own
-  bucket, only with `split_large`; otherwise it stays whole (megatron-core never splits a
-  parameter);
+- a unit larger than the bucket threshold is cut into threshold-sized pieces only with
+  `split_large`, and a bucket holding such pieces closes at the threshold even inside a layer;
+  otherwise the unit stays whole (megatron-core never splits a parameter);
 - a bucket never grows past the memory cap (the most unsynchronized bytes in flight); a single
   piece larger than the cap cannot be planned and is a clear error;
 - `weighting="none"` closes a bucket as soon as its bytes reach the threshold; `"params"` and
