@@ -165,15 +165,19 @@ class _BufferSync:
     param_units: dict[torch.nn.Parameter, int]
     plan: BucketPlan | None = None
     unit_buckets: list[list[int]] = field(default_factory=list)  # unit -> plan buckets
+    bucket_params: list[int] = field(default_factory=list)  # plan bucket -> its parameters
     send_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [N, chunk]
     gather_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [chunk]
 
     def replan(self, config: PlanConfig, backward_seconds: dict[str, float] | None) -> None:
         self.plan = make_plan(self.units, config, backward_seconds)
         self.unit_buckets = [[] for _ in self.units]
+        self.bucket_params = []
         for b, bucket in enumerate(self.plan.buckets):
-            for seg in bucket.segments:
-                self.unit_buckets[seg.unit].append(b)
+            units = {seg.unit for seg in bucket.segments}
+            for u in units:
+                self.unit_buckets[u].append(b)
+            self.bucket_params.append(sum(len(self.fine[u].bucket.params_list) for u in units))
 
 
 @dataclass
@@ -235,6 +239,8 @@ class LgsEngine:
         self.log = log
         self.intra_bytes = int(config.lgs_intra_threshold_mb * MB)
         self.inter_bytes = int(config.lgs_inter_threshold_mb * MB)
+        self.memory_cap_bytes = int(config.lgs_memory_cap_mb * MB) \
+            if config.lgs_memory_cap_mb else None
         self.per_node, self.per_node_source = gpus_per_node(config.lgs_gpus_per_node)
         self.distributed_optimizer = ddps[0].ddp_config.use_distributed_optimizer
         self.cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -269,6 +275,7 @@ class LgsEngine:
         self._backward_seconds: dict[str, float] | None = None
         self._pending_replan = True
         self._fired: set[tuple[int, int]] = set()
+        self._missing: dict[tuple[int, int], int] = {}  # bucket -> parameters not yet ready
         self._outstanding = 0
         self._inflight = 0
         self._cond = threading.Condition()
@@ -282,8 +289,8 @@ class LgsEngine:
     def plan_config(self, levels: Levels) -> PlanConfig:
         c = self.config
         threshold = self.inter_bytes if levels.name == "inter" else self.intra_bytes
-        cap = int(c.lgs_memory_cap_mb * MB) if c.lgs_memory_cap_mb else None
-        return PlanConfig(threshold, c.lgs_layer_weighting, cap, c.lgs_split_large_tensors)
+        return PlanConfig(threshold, c.lgs_layer_weighting, self.memory_cap_bytes,
+                          c.lgs_split_large_tensors)
 
     def thresholds_mb(self) -> tuple[float, float]:
         return self.intra_bytes / MB, self.inter_bytes / MB
@@ -326,16 +333,12 @@ class LgsEngine:
             return
         if self._counts[param] != self._golden[param]:
             return
+        # A bucket fires when the last of its parameters has all its gradient contributions.
         for k in bs.unit_buckets[bs.param_units[param]]:
-            if (b, k) not in self._fired and self._bucket_ready(bs, k):
+            missing = self._missing.get((b, k), bs.bucket_params[k]) - 1
+            self._missing[(b, k)] = missing
+            if missing == 0 and (b, k) not in self._fired:
                 self._fire(b, k)
-
-    def _bucket_ready(self, bs: _BufferSync, k: int) -> bool:
-        for seg in bs.plan.buckets[k].segments:
-            for p in bs.fine[seg.unit].bucket.params_list:
-                if self._counts.get(p, 0) != self._golden[p]:
-                    return False
-        return True
 
     def start_grad_sync(self, *unused) -> None:
         """Fire every bucket not fired yet (megatron calls this where it wants all grads)."""
@@ -366,7 +369,7 @@ class LgsEngine:
         if self.stats.buckets_fired:
             self._write_trace()
             self.steps += 1
-        self._counts, self._fired = {}, set()
+        self._counts, self._fired, self._missing = {}, set(), {}
         self.stats = StepStats()
         if self._pending_replan:
             self._replan()
@@ -386,7 +389,7 @@ class LgsEngine:
     def _fire(self, b: int, k: int) -> None:
         bs = self.buffers[b]
         nbytes = bs.plan.buckets[k].nbytes
-        cap = self.plan_config(bs.levels).memory_cap_bytes
+        cap = self.memory_cap_bytes
         waited = time.perf_counter()
         with self._cond:
             # Memory cap: unsynchronized bytes in flight never exceed it. Backpressure stalls
