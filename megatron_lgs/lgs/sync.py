@@ -69,7 +69,6 @@ def gpus_per_node(flag: int | None) -> tuple[int, str]:
 class Levels:
     """A data-parallel group seen as N nodes x g ranks, with its two sub-groups."""
 
-    group: dist.ProcessGroup
     size: int
     nodes: int
     per_node: int
@@ -118,7 +117,7 @@ def build_levels(groups: list[dist.ProcessGroup], per_node: int) -> list[Levels]
         nodes = len(intra_lists) or len(ranks)
         per = len(ranks) // nodes
         intra, inter = made[tuple(ranks)]
-        levels.append(Levels(group, len(ranks), nodes, per, dist.get_rank(group),
+        levels.append(Levels(len(ranks), nodes, per, dist.get_rank(group),
                              intra if per > 1 else None, inter if nodes > 1 else None))
     return levels
 
@@ -159,7 +158,6 @@ class _Fine:
 class _BufferSync:
     key: str  # "dense.fp32" ...
     levels: Levels
-    distributed_optimizer: bool
     fine: list[_Fine]
     units: list[Unit]
     param_units: dict[torch.nn.Parameter, int]
@@ -266,7 +264,7 @@ class LgsEngine:
                 for p in bucket.params_list:
                     param_units[p] = len(units) - 1
             self.buffers.append(_BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
-                                            self.distributed_optimizer, fine, units, param_units))
+                                            fine, units, param_units))
         self.param_buffer = {p: i for i, bs in enumerate(self.buffers) for p in bs.param_units}
 
         self._golden: dict[torch.nn.Parameter, int] | None = None
