@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.forked_ranks import run_ranks
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Figures a test measured (e.g. dedup recall/precision), printed at the end of every run.
@@ -63,6 +65,10 @@ class Run:
 _LOGGED_LOSS = re.compile(r"iteration\s+\d+/\s*\d+ \|.*?\| lm loss: ([0-9.E+-]+) \|")
 
 
+# Read when torch is imported, which the forkserver of tests/forked_ranks.py does once for all.
+os.environ["TORCHDYNAMO_DISABLE"] = "1"
+
+
 def _base_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TORCHDYNAMO_DISABLE"] = "1"
@@ -74,24 +80,32 @@ def _base_env() -> dict[str, str]:
 
 def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = None,
                  env: dict[str, str] | None = None, timeout: float = 600,
-                 expect_success: bool = True) -> Run:
-    """Run pretrain_gpt.py as a user would: `python` for one process, torchrun for several."""
-    if nproc == 1:
-        launcher = [sys.executable]
-    else:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={nproc}"]
+                 expect_success: bool = True, launcher: str = "fork") -> Run:
+    """Run pretrain_gpt.py on `nproc` ranks. `launcher`: "fork" (default) forks the ranks from
+    a process that has imported the trainer already (tests/forked_ranks.py: the same run, ~5 s
+    of CPU less per rank); "user" runs it as a user would, `python` for one process and torchrun
+    for several."""
     save_args = ["--save", str(save_dir)] if save_dir else ["--no-save"]
     full_env = _base_env()
     full_env.update(env or {})
-    proc = subprocess.run(
-        [*launcher, str(REPO / "pretrain_gpt.py"), *args, *save_args],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
-        start_new_session=True)  # its own process group: fault injection kills the group
-    run = Run(proc.returncode, proc.stdout, proc.stderr, save_dir)
-    if expect_success and proc.returncode != 0:
-        raise AssertionError(f"pretrain_gpt.py failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    if launcher == "fork":
+        code, stdout, stderr = run_ranks("pretrain_gpt", [*args, *save_args], nproc, full_env,
+                                         timeout)
+    else:
+        assert launcher == "user", launcher
+        command = [sys.executable]
+        if nproc > 1:
+            command += ["-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={nproc}"]
+        proc = subprocess.run(
+            [*command, str(REPO / "pretrain_gpt.py"), *args, *save_args],
+            cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+            start_new_session=True)  # its own process group: fault injection kills the group
+        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    run = Run(code, stdout, stderr, save_dir)
+    if expect_success and code != 0:
+        raise AssertionError(f"pretrain_gpt.py failed ({code}):\n"
+                             f"{stdout[-3000:]}\n{stderr[-5000:]}")
     return run
 
 

@@ -3,13 +3,11 @@ before any process group exists."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from megatron_lgs.arguments import ConfigError, parse_args, validate
-from tests.conftest import REPO, _base_env
+from tests.conftest import _base_env
+from tests.forked_ranks import run_ranks
 
 
 def test_defaults_are_the_embedded_tiny_run():
@@ -88,10 +86,9 @@ def test_entry_point_fails_in_one_line_before_any_process_group(argv, env, messa
     # have failed with a different, multi-line error (or hung until the timeout).
     full_env = {**_base_env(), **env}
     full_env.pop("MASTER_ADDR", None)
-    proc = subprocess.run([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    code, stdout, stderr = run_ranks("pretrain_gpt", argv, 1, full_env, timeout=120)
+    assert code == 2
+    lines = stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("pretrain_gpt.py: error: ")
     assert message in lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "Traceback" not in stdout + stderr

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO, _base_env
+from tests.conftest import _base_env
+from tests.forked_ranks import run_ranks
 
 
 @pytest.mark.parametrize("argv, env, message", [
@@ -27,9 +25,8 @@ from tests.conftest import REPO, _base_env
 def test_zero_flag_errors_are_one_line(argv, env, message):
     full_env = {**_base_env(), **env}
     full_env.pop("MASTER_ADDR", None)
-    proc = subprocess.run([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
+    code, stdout, stderr = run_ranks("pretrain_gpt", argv, 1, full_env, timeout=120)
+    assert code == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("pretrain_gpt.py: error: ")
     assert message in lines[0]
