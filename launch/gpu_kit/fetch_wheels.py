@@ -136,21 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check the folder's size")
     parser.add_argument("--dest", type=Path, default=WHEEL_DIR)
     args = parser.parse_args(argv)
+    dest = args.dest.resolve()
     try:
+        if not dest.is_relative_to(REPO):
+            raise KitError(f"{dest} is outside the repository; the device tool carries only "
+                           f"paths inside it")
         if not args.check:
-            download(KIT, args.dest)
+            download(KIT, dest)
         tree = travelling_tree_bytes()
-        total = check_size(args.dest, tree)
+        total = check_size(dest, tree)
     except KitError as exc:
         print(f"gpu_kit: {exc}", file=sys.stderr)
         return 2
-    for wheel in wheels(args.dest):
+    for wheel in wheels(dest):
         print(f"  {wheel.stat().st_size / 2**20:7.2f} MiB  {wheel.name}")
     print(f"  {total / 2**20:7.2f} MiB of wheels + {tree / 2**20:.2f} MiB of working tree "
           f"(limit {LIMIT_BYTES / 2**20:.0f} MiB)")
-    rel = args.dest.resolve().relative_to(REPO)
-    print(f"device tool: carry [\"{rel}\"], timeout_s 540, command:")
-    print(device_command(args.dest.resolve()))
+    print(f"device tool: carry [\"{dest.relative_to(REPO)}\"], timeout_s 540, command:")
+    print(device_command(dest))
     return 0
 
 

@@ -61,6 +61,10 @@ def test_peak_gpu_memory_against_the_startup_report(gpt_1b, figures):
     figures("peak allocated", device["max_allocated"], "MiB")
     figures("peak reserved", device["max_reserved"], "MiB")
     figures("peak allocated / start-up state", round(device["max_allocated"] / state, 3))
+    # The log-interval diagnostics keep an fp32 copy of the weights for the update/parameter
+    # ratio (stability.snapshot_parameters): part of the peak, not of the start-up report.
+    figures("log-interval weight snapshot (fp32)", round(4 * parameters_of(gpt_1b) / 2**20, 1),
+            "MiB")
     figures("Megatron activation estimate", round(activations, 1), "MiB")
     figures("(peak - state) / activation estimate",
             round((device["max_allocated"] - state) / activations, 3))

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
@@ -31,21 +33,32 @@ def _check(folder) -> subprocess.CompletedProcess:
                            str(folder)], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
-def test_kit_size_check_refuses_a_folder_over_the_limit(tmp_path):
-    (tmp_path / "megatron_core-0.16.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(
+@pytest.fixture
+def kit_folder():
+    """A kit folder inside the repository (only those can be carried), git-ignored."""
+    folder = KIT / f"wheels-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_kit_size_check_refuses_a_folder_over_the_limit(kit_folder, tmp_path):
+    (kit_folder / "megatron_core-0.16.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(
         b"w" * 2**20)
-    ok = _check(tmp_path)
+    ok = _check(kit_folder)
     assert ok.returncode == 0, ok.stderr
     assert "1.00 MiB of wheels" in ok.stdout
-    assert fetch_wheels.device_command() in ok.stdout
-    with open(tmp_path / "big-1.0-py3-none-any.whl", "wb") as f:
+    assert fetch_wheels.device_command(kit_folder) in ok.stdout
+    with open(kit_folder / "big-1.0-py3-none-any.whl", "wb") as f:
         f.truncate(fetch_wheels.LIMIT_BYTES)  # sparse: the size counts, not the disk
-    refused = _check(tmp_path)
+    refused = _check(kit_folder)
     assert refused.returncode == 2 and refused.stdout == ""
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "over the 64 MiB" in refused.stderr
     with pytest.raises(fetch_wheels.KitError):
-        fetch_wheels.check_size(tmp_path, tree_bytes=0)
+        fetch_wheels.check_size(kit_folder, tree_bytes=0)
+    outside = _check(tmp_path)  # cannot be carried
+    assert outside.returncode == 2 and "outside the repository" in outside.stderr
 
 
 def test_kit_lists_what_the_gpu_machine_lacks_and_nothing_it_has():
@@ -75,7 +88,8 @@ def test_gpu_check_script_parses_installs_offline_and_runs_every_gpu_test(tmp_pa
         assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, path
     text = script.read_text()
     assert "make install" not in text
-    assert all("--no-index" in line for line in text.splitlines() if "pip install" in line)
+    installs = re.findall(r"-m pip install((?:\\\n|[^\n])*)", text)  # with continuations
+    assert installs and all("--no-index" in cmd and "--target" in cmd for cmd in installs)
     listed = set(re.findall(r"tests/gpu/(test_\w+\.py)", text))
     assert listed == {p.name for p in (REPO / "tests" / "gpu").glob("test_*.py")}
     # No kit: one line and exit 2, before anything runs.
