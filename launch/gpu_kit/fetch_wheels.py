@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {wheel.stat().st_size / 2**20:7.2f} MiB  {wheel.name}")
     print(f"  {total / 2**20:7.2f} MiB of wheels + {tree / 2**20:.2f} MiB of working tree "
           f"(limit {LIMIT_BYTES / 2**20:.0f} MiB)")
-    print(f"device tool: carry [\"{dest.relative_to(REPO)}\"], timeout_s 540, command:")
+    print(f"device tool: carry [\"{dest.relative_to(REPO)}\"], timeout_s 480, command:")
     print(device_command(dest))
     return 0
 

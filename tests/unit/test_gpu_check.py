@@ -198,3 +198,30 @@ def test_gpu_tests_skip_cleanly_with_reasons(tmp_path):
     for name, entry in tests.items():
         assert entry["outcome"] == "skipped", name
         assert entry["detail"].startswith("needs a CUDA GPU"), entry
+
+
+def test_gpu_tests_read_the_trainers_own_lines():
+    """The GPU tests parse the console: the lines as the trainer formats them."""
+    from megatron_lgs import memory, metrics
+    from tests.conftest import Run
+
+    state = {"parameters": 3 * 2**20, "gradients": 2**20, "optimizer_state": 5 * 2**20}
+    device = {"allocated": 7 * 2**20, "max_allocated": 9 * 2**20, "reserved": 10 * 2**20,
+              "max_reserved": 11 * 2**20}
+    logs = [metrics.training_log_line(
+        iteration=i, train_iters=12, consumed_samples=16 * i, ms_per_iteration=800.0, lr=1e-4,
+        global_batch_size=16, loss=6.0, loss_scale=1.0, grad_norm=1.0, skipped=0,
+        nan_iterations=0, tokens_per_second=tokens, tflops_per_gpu=tokens / 1000, mfu=0.3)
+        for i, tokens in ((4, 1000.0), (8, 3000.0), (12, 5000.0))]
+    stdout = "\n".join([memory.memory_log_line([state], " at start-up"), logs[0],
+                        memory.memory_log_line([state]),
+                        memory.device_memory_log_line([device], 4), *logs[1:]])
+    run = Run(0, stdout, "", None)
+    assert runs.steady_state(run) == {"tflops_per_gpu": 4.0, "tokens_per_second": 4000.0,
+                                      "intervals": 2}
+    report = runs.memory_report(run)
+    assert report["startup"] == report["after first step"] == {
+        "parameters": 3.0, "gradients": 1.0, "optimizer_state": 5.0}
+    assert report["device"] == {"allocated": 7.0, "max_allocated": 9.0, "reserved": 10.0,
+                                "max_reserved": 11.0}
+    assert runs.logged_mfu(run) == [30.0, 30.0, 30.0]
