@@ -53,7 +53,7 @@ KIT = (
 GPU_PYTHON = "/opt/torch/.venv/bin/python3"
 
 
-def _name(requirement: str) -> str:
+def dist_name(requirement: str) -> str:
     """The normalized distribution name of a requirement string ('PyYAML>=5' -> 'pyyaml')."""
     return re.split(r"[\s\[<>=!~;(]", requirement.strip(), maxsplit=1)[0].lower() \
         .replace("_", "-").replace(".", "-")
@@ -69,7 +69,7 @@ def gpu_machine_distributions() -> set[str]:
     have: set[str] = set()
     todo = [*GPU_MACHINE_HAS, *TRANSFORMERS_REQUIRES]
     while todo:
-        name = _name(todo.pop())
+        name = dist_name(todo.pop())
         if name in have:
             continue
         have.add(name)
@@ -79,7 +79,7 @@ def gpu_machine_distributions() -> set[str]:
             continue
         todo += [r for r in requires if Requirement(r).marker is None
                  or Requirement(r).marker.evaluate(env)]
-    return have | {_name(r) for r in KIT}
+    return have | {dist_name(r) for r in KIT}
 
 
 class KitError(Exception):
@@ -101,6 +101,8 @@ def wheels(folder: Path) -> list[Path]:
 
 def check_size(folder: Path, tree_bytes: int, limit: int = LIMIT_BYTES) -> int:
     """Total bytes of the wheels in `folder`; KitError when they and the tree exceed `limit`."""
+    if not wheels(folder):
+        raise KitError(f"no wheels in {folder}")
     total = sum(p.stat().st_size for p in wheels(folder))
     if total + tree_bytes > limit:
         raise KitError(f"the GPU kit is {total / 2**20:.1f} MiB of wheels + "

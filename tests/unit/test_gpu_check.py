@@ -43,6 +43,8 @@ def kit_folder():
 
 
 def test_kit_size_check_refuses_a_folder_over_the_limit(kit_folder, tmp_path):
+    empty = _check(kit_folder)
+    assert empty.returncode == 2 and "no wheels in" in empty.stderr
     (kit_folder / "megatron_core-0.16.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(
         b"w" * 2**20)
     ok = _check(kit_folder)
@@ -62,9 +64,9 @@ def test_kit_size_check_refuses_a_folder_over_the_limit(kit_folder, tmp_path):
 
 
 def test_kit_lists_what_the_gpu_machine_lacks_and_nothing_it_has():
-    kit = {fetch_wheels._name(r) for r in fetch_wheels.KIT}
+    kit = {fetch_wheels.dist_name(r) for r in fetch_wheels.KIT}
     assert "megatron-core" in kit and "webdataset" in kit and "pytest" in kit
-    assert not kit & {fetch_wheels._name(n) for n in fetch_wheels.GPU_MACHINE_HAS}
+    assert not kit & {fetch_wheels.dist_name(n) for n in fetch_wheels.GPU_MACHINE_HAS}
     assert all("==" in r for r in fetch_wheels.KIT)  # the repo's pins, nothing resolved there
     pins = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))

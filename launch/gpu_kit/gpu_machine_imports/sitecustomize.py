@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fetch_wheels import _name, gpu_machine_distributions  # noqa: E402
+from fetch_wheels import dist_name, gpu_machine_distributions  # noqa: E402
 
 sys.path.pop(0)
 
@@ -26,9 +26,9 @@ def _visible(entry: str, owners: dict[str, list[str]], allowed: set[str]) -> boo
     if entry.endswith(".pth") or entry == "__pycache__":
         return False
     if entry.endswith((".dist-info", ".egg-info")):
-        return _name(entry.split("-")[0]) in allowed
+        return dist_name(entry.split("-")[0]) in allowed
     top = entry.split(".")[0]
-    return top not in owners or any(_name(d) in allowed for d in owners[top])
+    return top not in owners or any(dist_name(d) in allowed for d in owners[top])
 
 
 def _install() -> None:
