@@ -18,7 +18,7 @@ import torch.distributed as dist
 from megatron_lgs import context_parallel
 from megatron_lgs.arguments import Config, ConfigError, parse_args
 from megatron_lgs.model import build_model
-from megatron_lgs.platform import Platform
+from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.training import Datasets, pretrain
 
 
@@ -40,7 +40,10 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:
 
 
 def forward_step(data_iterator, model: torch.nn.Module) -> tuple:
-    batch = context_parallel.batch_on_this_rank(next(data_iterator))
+    # The loader collates on the host; the model's device is the platform's.
+    device = get_platform().device
+    batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+    batch = context_parallel.batch_on_this_rank(batch)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 

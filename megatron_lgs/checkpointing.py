@@ -276,7 +276,17 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         if not rng_file.is_file():
             raise ConfigError(f"{rng_file} is missing (saved with another world size?); "
                               f"use --no-load-rng to continue with fresh RNG streams")
-        _set_rng_state(torch.load(rng_file, weights_only=True))
+        rng = torch.load(rng_file, weights_only=True)
+        # A CUDA generator's state is saved only where there is one. The tracker's streams are
+        # CUDA generators on a GPU and the CPU generator elsewhere: neither state fits the
+        # other device's generator, so a checkpoint moved between them starts fresh streams.
+        saved_on, here = ("cuda" if "cuda" in rng else "cpu"), \
+            ("cuda" if torch.cuda.is_available() else "cpu")
+        if saved_on == here:
+            _set_rng_state(rng)
+        elif dist.get_rank() == dist.get_world_size() - 1:
+            print(f" checkpoint saved on {saved_on}, resumed on {here}: weights and optimizer "
+                  f"state loaded, RNG streams start fresh", flush=True)
     lgs_file = directory / "lgs" / f"rank_{dist.get_rank():05d}.pt"
     if lgs is not None and lgs_file.is_file():
         try:

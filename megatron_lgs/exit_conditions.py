@@ -9,6 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from megatron_lgs.platform import get_platform
+
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -30,7 +32,7 @@ class ExitConditions:
             return None
         flags = torch.tensor([self.received is not None,
                               self.deadline is not None and time.monotonic() > self.deadline],
-                             dtype=torch.int32)
+                             dtype=torch.int32, device=get_platform().device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if flags[0]:
             name = signal.Signals(self.received).name if self.received else "a signal"

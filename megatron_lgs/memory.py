@@ -85,6 +85,26 @@ def startup_memory_bytes(model: list[_BaseDataParallel], optimizer: MegatronOpti
             "optimizer_state": held["main_weights"] + moments}
 
 
+def device_memory_bytes() -> dict[str, int] | None:
+    """This process's GPU memory as torch's caching allocator counts it (now and peak since
+    the start); None off the GPU."""
+    if not torch.cuda.is_available():
+        return None
+    return {"allocated": torch.cuda.memory_allocated(),
+            "max_allocated": torch.cuda.max_memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+            "max_reserved": torch.cuda.max_memory_reserved()}
+
+
+def device_memory_log_line(per_rank: list[dict[str, int]], iteration: int) -> str:
+    """Megatron-LM's report_memory line, for the rank with the highest peak."""
+    worst = max(range(len(per_rank)), key=lambda r: per_rank[r]["max_allocated"])
+    m = {k: v / 2**20 for k, v in per_rank[worst].items()}
+    return (f" [Rank {worst}] (after {iteration} iterations) memory (MB) | allocated: "
+            f"{m['allocated']:.1f} | max allocated: {m['max_allocated']:.1f} | reserved: "
+            f"{m['reserved']:.1f} | max reserved: {m['max_reserved']:.1f}")
+
+
 def gather(mine: dict[str, int]) -> list[dict[str, int]]:
     """Every rank's numbers, in rank order (collective)."""
     everyone: list[dict[str, int]] = [{} for _ in range(dist.get_world_size())]

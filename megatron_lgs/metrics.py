@@ -26,6 +26,14 @@ def gpu_peak_tflops() -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+def throughput(tokens_per_second: float, flops_per_token: float, world_size: int,
+               peak_tflops: float | None) -> tuple[float, float | None]:
+    """(model TFLOP/s per GPU, MFU as a fraction of the peak, or None without a known peak).
+    Model FLOPs: Megatron-LM's count (model.flops_per_token), whatever recompute adds."""
+    tflops = tokens_per_second * flops_per_token / 1e12 / world_size
+    return tflops, (tflops / peak_tflops if peak_tflops else None)
+
+
 @dataclass
 class IntervalStats:
     """Accumulates between two log lines; time counts training steps only (not eval, saves)."""

@@ -8,6 +8,7 @@ dist_checkpointing format maps between them.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,13 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """Megatron pads the vocabulary so each tensor-parallel shard has a round size."""
     multiple = divisible_by * tp
     return -(-vocab_size // multiple) * multiple
+
+
+def fused_softmax_kernels_available() -> bool:
+    """Megatron-LM's compiled softmax extensions, which megatron-core's FusedScaleMaskSoftmax
+    imports by name; no wheel carries them."""
+    return all(importlib.util.find_spec(name) is not None for name in
+               ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda"))
 
 
 def use_transformer_engine(cfg: Config, platform: Platform) -> bool:
@@ -98,13 +106,17 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         # Full weights built once then split; init_weights then redraws every parameter from
         # its global name, so the layout never changes the model.
         use_cpu_initialization=True,
-        # Fused kernels exist only on GPU (TE/Apex/torch.compile'd); unfused math elsewhere.
-        masked_softmax_fusion=on_gpu,
-        bias_activation_fusion=on_gpu and not m.swiglu,
+        # Fused kernels exist only on GPU; unfused math elsewhere. The softmax fusion needs
+        # Megatron-LM's compiled softmax kernels (megatron-core imports them on the first
+        # fp16/bf16 forward and fails without them); megatron-core's fused bias-GeLU refuses a
+        # model without linear biases; the persistent layer norm is Apex's, and the torch norm
+        # of the local spec asserts it off (TE's norm does not read it).
+        masked_softmax_fusion=on_gpu and fused_softmax_kernels_available(),
+        bias_activation_fusion=on_gpu and not m.swiglu and m.add_bias_linear,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
-        persist_layer_norm=on_gpu,
+        persist_layer_norm=False,
     )
 
 

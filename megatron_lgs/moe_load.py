@@ -23,6 +23,8 @@ from megatron.core.transformer.moe.moe_utils import (
 from megatron.core.transformer.moe.router import Router
 from megatron.core.utils import unwrap_model
 
+from megatron_lgs.platform import get_platform
+
 
 def routing_counts(routing_map: torch.Tensor, topk: int) -> tuple[torch.Tensor, int]:
     """Tokens per expert and dropped token-expert assignments of one routing map
@@ -57,7 +59,8 @@ class ExpertLoadMonitor:
         self.topk = topk
         self.sequence_parallel = sequence_parallel
         # Per layer: tokens per expert, then dropped assignments, then router forwards.
-        self.counts = torch.zeros(num_layers, num_experts + 2, dtype=torch.int64)
+        self.counts = torch.zeros(num_layers, num_experts + 2, dtype=torch.int64,
+                                  device=get_platform().device)
         self.routers = [m for chunk in unwrap_model(model) for m in chunk.modules()
                         if isinstance(m, Router)]
         for router in self.routers:

@@ -280,6 +280,11 @@ def _set_cpu_rng_state(new_state: torch.Tensor, *args: object, **kwargs: object)
 
 
 _real_tensor_type = torch.Tensor.type
+# The originals, kept to tell whether the CPU patches are in place (`installed_cpu_patches`).
+_REAL_CUDA = {name: getattr(torch.cuda, name) for name in
+              ("current_device", "synchronize", "Stream", "Event", "stream", "current_stream",
+               "default_stream", "get_rng_state", "set_rng_state", "manual_seed")}
+_REAL_TENSOR_CUDA = torch.Tensor.cuda
 _CUDA_TYPE_NAMES = {
     "torch.FloatTensor": "torch.cuda.FloatTensor",
     "torch.HalfTensor": "torch.cuda.HalfTensor",
@@ -292,6 +297,20 @@ def _tensor_type(self: torch.Tensor, dtype=None, non_blocking: bool = False, **k
         name = _real_tensor_type(self)
         return _CUDA_TYPE_NAMES.get(name, name)
     return _real_tensor_type(self, dtype, non_blocking, **kwargs)
+
+
+def installed_cpu_patches() -> list[str]:
+    """The CPU patches found in place in this process (read from torch and megatron-core, not
+    from a flag): all of them after `install()` without CUDA, none on a GPU."""
+    found = [f"torch.cuda.{name}" for name, real in _REAL_CUDA.items()
+             if getattr(torch.cuda, name) is not real]
+    if torch.Tensor.cuda is not _REAL_TENSOR_CUDA:
+        found.append("torch.Tensor.cuda")
+    if torch.Tensor.type is not _real_tensor_type:
+        found.append("torch.Tensor.type")
+    found += [f"{name}.torch" for name in _CUDA_FACTORY_MODULES + _PINNED_MEMORY_MODULES
+              if name in sys.modules and sys.modules[name].torch is not torch]
+    return found
 
 
 def _install_cpu_patches() -> None:

@@ -26,6 +26,8 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataPa
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.utils import unwrap_model
 
+from megatron_lgs.platform import get_platform
+
 # Alert thresholds from the monitoring guide (seeds/001): outside these, print a warning.
 GRAD_NORM_RANGE = (1e-3, 1e2)
 UPDATE_RATIO_RANGE = (1e-6, 1e-2)
@@ -153,7 +155,7 @@ def _fsdp_shards(model: FullyShardedDataParallel) -> list[tuple[str, torch.nn.Pa
 def _fsdp_layer_grad_norms(model: FullyShardedDataParallel) -> dict[str, float]:
     shards = _fsdp_shards(model)
     names = sorted({label for label, _ in shards})
-    sums = torch.zeros(len(names), dtype=torch.float64)
+    sums = torch.zeros(len(names), dtype=torch.float64, device=get_platform().device)
     for label, param in shards:
         if param.grad is not None:
             piece = param.grad.to_local().double().flatten()
@@ -178,7 +180,7 @@ def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
     per_rank: list[set[str]] = [set() for _ in range(dist.get_world_size(mp_group))]
     dist.all_gather_object(per_rank, set(labels.values()), group=mp_group)
     names = sorted(set().union(*per_rank))
-    sums = torch.zeros(len(names), dtype=torch.float64)
+    sums = torch.zeros(len(names), dtype=torch.float64, device=get_platform().device)
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     dp_rank, dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
     buffers = [b for chunk in model for b in chunk.buffers + chunk.expert_parallel_buffers]
@@ -216,7 +218,7 @@ def snapshot_parameters(model: list) -> list[torch.Tensor]:
 
 def update_ratio(model: list, before: list[torch.Tensor]) -> float:
     """||w_after - w_before|| / ||w_before|| over the whole model (collective)."""
-    sums = torch.zeros(2, dtype=torch.float64)
+    sums = torch.zeros(2, dtype=torch.float64, device=get_platform().device)
     for (w, counted), old in zip(_weights(model), before, strict=True):
         if counted:
             sums[0] += torch.sum((w.float() - old).double() ** 2)

@@ -81,7 +81,7 @@ def print_rank_last(message: str) -> None:
 def _reduce_loss(losses: list[dict]) -> float:
     """Token-weighted mean of the micro-batch losses over the data-parallel group, sent from the
     last pipeline stage to every stage so that all ranks judge a step alike."""
-    total = torch.zeros(2, dtype=torch.float64)
+    total = torch.zeros(2, dtype=torch.float64, device=get_platform().device)
     if parallel_state.is_pipeline_last_stage():
         total += torch.stack([x["lm loss"] for x in losses]).sum(dim=0).double()
         dist.all_reduce(total,
@@ -138,6 +138,7 @@ class Trainer:
             cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
         self.sinks = metrics.ScalarSinks(cfg.logging, cfg.to_dict()) if is_last_rank else None
         self.last_step_seconds = 0.0
+        self.device_memory_printed = False
         m = cfg.model
         self.expert_load = moe_load.ExpertLoadMonitor(
             self.model, m.num_layers, m.num_experts, m.moe_router_topk,
@@ -384,6 +385,19 @@ class Trainer:
         self.metrics_file.write(event="memory", iteration=self.state.iteration,
                                 per_rank=per_rank)
 
+    def _log_device_memory(self) -> None:
+        """GPU memory (allocated, peak) at every log interval into metrics.jsonl; printed at the
+        first, as Megatron-LM prints its memory report once. Nothing off the GPU."""
+        mine = memory.device_memory_bytes()
+        if mine is None:
+            return
+        per_rank = memory.gather(mine)
+        if not self.device_memory_printed:
+            print_rank_last(memory.device_memory_log_line(per_rank, self.state.iteration))
+            self.device_memory_printed = True
+        self.metrics_file.write(event="device_memory", iteration=self.state.iteration,
+                                per_rank=per_rank)
+
     def _log_expert_load(self) -> None:
         layers = self.expert_load.collect()
         for line in moe_load.log_lines(layers):
@@ -399,8 +413,8 @@ class Trainer:
         t, s = self.cfg.training, self.state
         seconds_per_iteration = interval.step_seconds / interval.iterations
         tokens_per_second = global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
-        tflops = tokens_per_second * self.flops_per_token / 1e12 / self.cfg.parallel.world_size
-        peak = metrics.gpu_peak_tflops()
+        tflops, mfu = metrics.throughput(tokens_per_second, self.flops_per_token,
+                                         self.cfg.parallel.world_size, metrics.gpu_peak_tflops())
         loss_scale = self.optimizer.get_loss_scale().item()
         print_rank_last(metrics.training_log_line(
             iteration=s.iteration, train_iters=t.train_iters,
@@ -409,8 +423,8 @@ class Trainer:
             global_batch_size=global_batch_size, loss=interval.mean_loss(),
             loss_scale=loss_scale, grad_norm=result.grad_norm,
             skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
-            tokens_per_second=tokens_per_second, tflops_per_gpu=tflops,
-            mfu=tflops / peak if peak else None))
+            tokens_per_second=tokens_per_second, tflops_per_gpu=tflops, mfu=mfu))
+        self._log_device_memory()
         if self.lgs:
             print_rank_last(metrics.lgs_log_line(self.lgs.stats, self.last_step_seconds))
         variance = self.monitor.loss_variance()

@@ -74,7 +74,8 @@ def _base_env() -> dict[str, str]:
     env["TORCHDYNAMO_DISABLE"] = "1"
     # Same thread count whatever the launcher, so runs that must agree bitwise do.
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = str(REPO)
+    # The repo first; then whatever the caller had (the GPU check's folder of carried wheels).
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

@@ -17,6 +17,7 @@ from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.recommend import profile_for_device, recommend_for_config
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
+from megatron_lgs.platform import get_platform
 
 
 def start_thresholds(cfg, engine: LgsEngine, log: Callable[[str], None]) -> None:
@@ -53,7 +54,7 @@ class OnlineTuning:
         """Every rank applies the thresholds rank 0's tuner wants for the next step."""
         if self.done:
             return
-        message = torch.zeros(3, dtype=torch.float64)
+        message = torch.zeros(3, dtype=torch.float64, device=get_platform().device)
         if self.tuner is not None:
             message[:2] = torch.tensor(self.tuner.thresholds(), dtype=torch.float64)
             message[2] = float(self.tuner.done)

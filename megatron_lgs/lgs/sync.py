@@ -442,7 +442,7 @@ class LgsEngine:
 
         if g > 1:  # 1. intra-node reduce-scatter: rows {n' g + l} to local rank l
             with self._span("intra reduce-scatter " + name):
-                part = torch.empty(n, width, dtype=staging.dtype)
+                part = torch.empty(n, width, dtype=staging.dtype, device=staging.device)
                 # gloo wants flat tensors: the output's first dim x g must be the input's.
                 dist.reduce_scatter_single(
                     part.view(-1), staging.view(n, g, width).transpose(0, 1).reshape(-1),
@@ -460,7 +460,7 @@ class LgsEngine:
             return
         if g > 1:  # 3. intra-node all-gather
             with self._span("intra all-gather " + name):
-                gathered = torch.empty(g, n, width, dtype=result.dtype)
+                gathered = torch.empty(g, n, width, dtype=result.dtype, device=result.device)
                 dist.all_gather_into_tensor(gathered.view(-1), result.reshape(-1),
                                             group=lv.intra)
             self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
@@ -512,7 +512,7 @@ class LgsEngine:
                 if compressed:
                     out = self._inter_int8(bs, piece, send_res[:, lo:hi], gather_res[:, lo:hi])
                 elif self.distributed_optimizer:
-                    out = torch.empty(hi - lo, dtype=piece.dtype)
+                    out = torch.empty(hi - lo, dtype=piece.dtype, device=piece.device)
                     dist.reduce_scatter_single(out, piece.view(-1), group=lv.inter)
                     self.stats.bytes_inter += (n - 1) * out.numel() * out.element_size()
                 else:
@@ -541,8 +541,8 @@ class LgsEngine:
             self.stats.bytes_inter += sent
             return mine.to(piece.dtype)
         q2, s2 = compress.quantize_with_feedback(mine.unsqueeze(0), gather_res, block)
-        q_all = torch.empty(n, q2.shape[1], dtype=q2.dtype)
-        s_all = torch.empty(n, s2.shape[1], dtype=s2.dtype)
+        q_all = torch.empty(n, q2.shape[1], dtype=q2.dtype, device=q2.device)
+        s_all = torch.empty(n, s2.shape[1], dtype=s2.dtype, device=s2.device)
         dist.all_gather_into_tensor(q_all.view(-1), q2.view(-1), group=lv.inter)
         dist.all_gather_into_tensor(s_all.view(-1), s2.view(-1), group=lv.inter)
         self.stats.bytes_inter += 2 * sent
@@ -553,7 +553,8 @@ class LgsEngine:
         parts = []
         for s in segments:
             if s.unit not in store:
-                store[s.unit] = torch.zeros(rows, bs.fine[s.unit].chunk)
+                store[s.unit] = torch.zeros(rows, bs.fine[s.unit].chunk,
+                                            device=bs.fine[s.unit].bucket.grad_data.device)
             parts.append(store[s.unit][:, s.lo:s.hi])
         return torch.cat(parts, dim=1)
 

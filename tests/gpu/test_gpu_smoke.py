@@ -1,4 +1,5 @@
-"""On a GPU: the Transformer Engine spec trains in BF16. Skipped where CUDA is absent."""
+"""On a GPU with Transformer Engine: the default spec there (TE) trains in BF16. Skipped where
+CUDA or Transformer Engine is absent (tests/gpu/test_gpu_local.py covers the local spec)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import math
 import pytest
 import torch
 
+from megatron_lgs.platform import get_platform
 from tests.conftest import run_pretrain
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not get_platform().te_available,
+    reason="needs a CUDA GPU with Transformer Engine")
 
 
 def test_transformer_engine_spec_trains_in_bf16(tiny, tmp_path):
