@@ -105,10 +105,10 @@ class Workload:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
 
-def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds
+def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float
              ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
-    """Op spans and closed buckets (group, tensor names, bytes, ready time)."""
-    rate = w.hw.peak_flops * w.efficiency
+    """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
+    ready time)."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     closed: list[tuple[str, list[str], int, float]] = []
@@ -133,8 +133,8 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds
 
 
 def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
-           th: Thresholds) -> StageTimeline:
-    spans, closed = _buckets(ops, bwd_start, w, th)
+           th: Thresholds, rate: float) -> StageTimeline:
+    spans, closed = _buckets(ops, bwd_start, w, th, rate)
     lay = w.layout
     free = bwd_start
     events: list[BucketEvent] = []
@@ -167,8 +167,9 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
                  ) -> StepPrediction:
     """Predicted timeline of one step with thresholds `th` (see the module docstring).
 
-    `bucket_later_stages=False` models megatron-core DDP, which turns bucketing off on pipeline
-    stages after the first: each of their gradient buffers is reduced as one bucket.
+    Compute runs at `w.efficiency` of peak. `bucket_later_stages=False` models megatron-core
+    DDP, which turns bucketing off on pipeline stages after the first: each of their gradient
+    buffers is reduced as one bucket.
     """
     lay = w.layout
     rate = w.hw.peak_flops * w.efficiency
@@ -177,12 +178,27 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     tf = [forward_flops(ops) / rate for ops in stage_ops]
     per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
     compute_end = sum(per_mb) + (lay.num_micro_batches - 1) * max(per_mb)
+    return replay(w, th, tf, tb, compute_end, bucket_later_stages)
+
+
+def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
+           bucket_later_stages: bool = True) -> StepPrediction:
+    """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
+    times `tf`, `tb` (s) and the end of all compute `compute_end` (s).
+
+    Each stage's last backward lasts tb_k, split over its ops in proportion to their FLOPs;
+    this is how the whole-step model (`stepmodel`) feeds its own compute times in.
+    """
+    lay = w.layout
+    stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
     stages = []
     for k, ops in enumerate(stage_ops):
         bwd_end = compute_end - sum(tb[:k])
-        busy = lay.num_micro_batches * per_mb[k]
+        busy = lay.num_micro_batches * (tf[k] + tb[k])
         stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
-        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th))
+        flops = sum(op.flops for op in ops)
+        rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
+        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th, rate))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
     return StepPrediction(
