@@ -143,11 +143,12 @@ def run_from_dict(d: dict[str, Any]) -> Run:
         raise RunError("dp", f"tp x pp x cp x dp = {tp * pp * cp * vals['dp']} != num_gpus "
                              f"{vals['num_gpus']}")
     run = Run(**vals)
-    _check(run)
+    check_run(run)
     return run
 
 
-def _check(r: Run) -> None:
+def check_run(r: Run) -> None:
+    """Cross-field rules of a run (raises RunError naming the field)."""
     if r.recompute not in RECOMPUTE:
         raise RunError("recompute", f"must be one of {RECOMPUTE}, got {r.recompute!r}")
     if r.precision not in PRECISIONS:

@@ -51,14 +51,7 @@ from megatron_lgs.lgs.timeline import (
     Workload,
     replay,
 )
-from megatron_lgs.lgs.workload import (
-    DENSE,
-    EXPERT,
-    Layout,
-    ModelConfig,
-    stage_backward,
-    stage_numel,
-)
+from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
 
 OPTIMIZER_BYTES_PER_PARAM = 34
 TERMS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm",
@@ -261,7 +254,7 @@ def default_thresholds(w: Workload) -> Thresholds:
     return Thresholds(n, n)
 
 
-def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, int]) -> float:
+def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> float:
     """Hierarchical all-gather of this stage's BF16 weights over their data-parallel groups."""
     total = 0.0
     for group in (DENSE, EXPERT):
@@ -273,22 +266,58 @@ def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, int]) -> flo
     return total
 
 
+def stage_params(r: Run) -> list[tuple[float, float]]:
+    """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
+    h, t = r.hidden, r.tp
+    mats = 3 if r.swiglu else 2
+    attn = h * (h + 2 * r.kv_dim) // t + h * h // t + 2 * h
+    if r.num_experts:
+        dense = attn - h + h * r.num_experts  # workload's MoE layer carries one norm
+        expert = r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp
+    else:
+        dense, expert = attn + mats * h * r.ffn_hidden // t, 0
+    per = r.num_layers // r.pp
+    emb = r.vocab * h // t
+    out = []
+    for k in range(r.pp):
+        d = per * dense + (emb if k == 0 else 0)
+        if k == r.pp - 1:
+            d += h + (emb if r.untie_embeddings or r.pp > 1 else 0)
+        out.append((float(d), float(per * expert)))
+    return out
+
+
+def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
+    """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage.
+
+    The compute end is a lower bound of the step (every later term is >= 0): the planner
+    prunes with it before replaying the gradient sync.
+    """
+    gpu = get_gpu(r.gpu)
+    hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    costs = stage_costs(r, gpu, hw)
+    if r.zero >= 3:
+        w = sync_workload(r, hw)
+        for c, (dense, expert) in zip(costs, stage_params(r), strict=True):
+            # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
+            ag = _gather_time(w, hw, {DENSE: dense, EXPERT: expert})
+            c.fwd["param_all_gather"] = max(0.0, ag - c.fwd_s)
+            c.bwd["param_all_gather"] = max(0.0, ag - c.bwd_s)
+    per_mb = [c.fwd_s + c.bwd_s for c in costs]
+    crit = max(range(r.pp), key=lambda k: per_mb[k])
+    end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
+    return costs, end, crit
+
+
 def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets."""
     gpu = get_gpu(r.gpu)
     hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     w = sync_workload(r, hw)
-    costs = stage_costs(r, gpu, hw)
-    numel = [stage_numel(stage_backward(w.model, w.layout, k)) for k in range(r.pp)]
-    zero3 = [_gather_time(w, hw, n) if r.zero >= 3 else 0.0 for n in numel]
-    for c, ag in zip(costs, zero3, strict=True):
-        # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
-        c.fwd["param_all_gather"] = max(0.0, ag - c.fwd_s)
-        c.bwd["param_all_gather"] = max(0.0, ag - c.bwd_s)
+    costs, compute_end, crit = compute_phase(r)
+    numel = [{DENSE: d, EXPERT: e} for d, e in stage_params(r)]
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     m = r.num_micro_batches
-    crit = max(range(r.pp), key=lambda k: per_mb[k])
-    compute_end = m * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
     breakdown = {k: m * (costs[crit].fwd[k] + costs[crit].bwd[k]) for k in TERMS}
     breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
     if thresholds is None:
@@ -310,6 +339,5 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     breakdown["optimizer"] = tail[0]
     breakdown["param_all_gather"] += tail[1]
     step = sync.step_time_s + after
-    params = [(n[DENSE], n[EXPERT]) for n in numel]
-    mem = estimate_memory(r, params)
+    mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

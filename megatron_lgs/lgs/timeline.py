@@ -20,6 +20,7 @@ How the step is modelled (all times are predictions):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
 from megatron_lgs.lgs.workload import (
@@ -112,22 +113,23 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, r
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     closed: list[tuple[str, list[str], int, float]] = []
-    open_: dict[str, tuple[list[str], int]] = {}
+    open_names: dict[str, list[str]] = {}
+    open_bytes: dict[str, int] = {}
     t = start
     for op in ops:
         end = t + op.flops / rate
         spans.append(Span(op.name, t, end))
         for g in op.grads:
-            names, nbytes = open_.get(g.group, ([], 0))
-            names, nbytes = names + [g.name], nbytes + g.numel * gb
+            open_names.setdefault(g.group, []).append(g.name)
+            nbytes = open_bytes.get(g.group, 0) + g.numel * gb
             if nbytes >= th.intra_bytes:
-                closed.append((g.group, names, nbytes, end))
-                open_.pop(g.group, None)
+                closed.append((g.group, open_names.pop(g.group), nbytes, end))
+                open_bytes.pop(g.group, None)
             else:
-                open_[g.group] = (names, nbytes)
+                open_bytes[g.group] = nbytes
         t = end
-    for group, (names, nbytes) in open_.items():
-        closed.append((group, names, nbytes, t))
+    for group, names in open_names.items():
+        closed.append((group, names, open_bytes[group], t))
     closed.sort(key=lambda b: b[3])
     return spans, closed
 
@@ -181,6 +183,12 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     return replay(w, th, tf, tb, compute_end, bucket_later_stages)
 
 
+@lru_cache(maxsize=64)
+def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
+    # Replays of one layout over a threshold grid share the ops; nothing mutates them.
+    return stage_backward(model, lay, stage)
+
+
 def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
            bucket_later_stages: bool = True) -> StepPrediction:
     """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
@@ -190,7 +198,7 @@ def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], comput
     this is how the whole-step model (`stepmodel`) feeds its own compute times in.
     """
     lay = w.layout
-    stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
+    stage_ops = [_stage_ops(w.model, lay, k) for k in range(lay.pp)]
     stages = []
     for k, ops in enumerate(stage_ops):
         bwd_end = compute_end - sum(tb[:k])
