@@ -46,7 +46,9 @@ def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     edp = r.tp * r.cp * r.dp // (r.ep * r.etp) if r.num_experts else 1
     params = dense_params + expert_params
     sharded = dense_params / dp + expert_params / edp
-    weights = 2 * (sharded if r.zero >= 3 else params)
+    # ZeRO 3 holds the gathered weights of the layer in use and of the one prefetched.
+    gathered = 2 * 2 * params / (r.num_layers // r.pp) if r.zero >= 3 else 0.0
+    weights = 2 * (sharded if r.zero >= 3 else params) + gathered
     grads = grad_bytes(r) * (sharded if r.zero >= 2 else params)
     optim = 12 * (sharded if r.zero >= 1 else params)
     return weights + grads + optim
@@ -59,8 +61,8 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     sp = t if r.sequence_parallel else 1
     tok = r.micro_batch * r.seq_length / r.cp
     h, kv = r.hidden, r.kv_dim
-    # LN inputs, QKV input, dropout masks (1 B) are sequence-sharded with SP; Q, K, V and the
-    # projection input are head-sharded.
+    # Norm inputs, QKV / fc1 inputs, dropout masks (1 B) are sequence-sharded with SP; Q, K, V,
+    # the projection input and the MLP activations are head-sharded.
     attn = (2 * h + 2 * h + h) / sp + (2 * h + 4 * kv + 2 * h) / t
     # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
     scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
@@ -68,11 +70,11 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     if r.num_experts:
         f = r.expert_ffn / r.etp
         expert_tokens = r.moe_topk / t * r.etp
-        mlp = (2 * h + h) / sp + expert_tokens * (2 * h + 2 * f * mats + 2 * f) + \
+        mlp = (2 * h + 2 * h + h) / sp + expert_tokens * (2 * h + 2 * f * mats + 2 * f) + \
             2 * h * r.moe_topk / t
     else:
         f = r.ffn_hidden / t
-        mlp = (2 * h + h) / sp + 2 * f * mats + 2 * f
+        mlp = (2 * h + 2 * h + h) / sp + 2 * f * mats + 2 * f
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 

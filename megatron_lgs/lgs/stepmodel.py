@@ -117,12 +117,22 @@ def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
     return 2 * one
 
 
+def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile) -> tuple[float, float]:
+    """A linear layer next to a TP collective. With `tp_comm_overlap` Transformer Engine splits
+    it into tp chunks along the tokens, each overlapping one step of the ring exchange (TE's
+    comm-GEMM overlap), so the GEMMs run at the shape of a chunk."""
+    if r.tp_comm_overlap and r.tp > 1:
+        f, b = gemm_fwd_bwd(m / r.tp, n, k, gpu, r.precision)
+        return r.tp * f, r.tp * b
+    return gemm_fwd_bwd(m, n, k, gpu, r.precision)
+
+
 def _dense_mlp(r: Run, gpu: GpuProfile, tok: float) -> tuple[float, float, float, float]:
     """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd) of the dense MLP."""
-    t, h, f, p = r.tp, r.hidden, r.ffn_hidden, r.precision
+    t, h, f = r.tp, r.hidden, r.ffn_hidden
     mats = 2 if r.swiglu else 1
-    f1 = gemm_fwd_bwd(tok, f * mats / t, h, gpu, p)
-    f2 = gemm_fwd_bwd(tok, h, f / t, gpu, p)
+    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu)
+    f2 = _tp_gemm(r, tok, h, f / t, gpu)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
     fp, bp = (3, 5) if r.swiglu else (2, 3)
     act = tok * f / t * 2
@@ -158,8 +168,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = gemm_fwd_bwd(tok, (h + 2 * r.kv_dim) / t, h, gpu, p)
-    proj = gemm_fwd_bwd(tok, h, h / t, gpu, p)
+    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu)
+    proj = _tp_gemm(r, tok, h, h / t, gpu)
     gf, gb = qkv[0] + proj[0], qkv[1] + proj[1]
     if r.num_experts:
         mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
@@ -296,13 +306,20 @@ def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
     gpu = get_gpu(r.gpu)
     hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     costs = stage_costs(r, gpu, hw)
-    if r.zero >= 3:
+    if r.zero >= 2:
         w = sync_workload(r, hw)
         for c, (dense, expert) in zip(costs, stage_params(r), strict=True):
-            # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
-            ag = _gather_time(w, hw, {DENSE: dense, EXPERT: expert})
-            c.fwd["param_all_gather"] = max(0.0, ag - c.fwd_s)
-            c.bwd["param_all_gather"] = max(0.0, ag - c.bwd_s)
+            numel = {DENSE: dense, EXPERT: expert}
+            # Sharded gradients cannot accumulate: every micro-batch's backward reduce-scatters
+            # them (the replay adds the last one's tail), overlapped with that backward.
+            rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
+            fwd_s, bwd_s = c.fwd_s, c.bwd_s
+            c.bwd["dp_grad_sync"] = max(0.0, rs - bwd_s)
+            if r.zero >= 3:
+                # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
+                ag = _gather_time(w, hw, numel)
+                c.fwd["param_all_gather"] = max(0.0, ag - fwd_s)
+                c.bwd["param_all_gather"] = max(0.0, ag - bwd_s)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
@@ -325,7 +342,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     megatron_ddp = thresholds == default_thresholds(w)
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
                   compute_end, bucket_later_stages=not megatron_ddp)
-    breakdown["dp_grad_sync"] = max(0.0, sync.step_time_s - compute_end)
+    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):
         local = (n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
