@@ -1,8 +1,9 @@
 """Layout planner: `python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware
 PROFILE --global-batch B`.
 
-CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`) or a launch config
-(`gpt-10b`, `launch/configs/gpt-10b.sh`); its own layout, when it has one for N GPUs, is
+CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`; a bare name is a preset
+first) or a launch config (`launch/configs/gpt-10b.sh`, or a name that is no preset); its own
+layout, when it has one for N GPUs, is
 predicted beside the planner's best. PROFILE is a GPU of `megatron_lgs/lgs/gpus.py`. Prints
 the fastest layouts that fit in memory with predicted step, MFU, memory and LGS thresholds, a
 flag line for the best, and the answers to: ZeRO-2 against ZeRO-3, TP inside or across nodes,
@@ -89,7 +90,8 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
     """(the model on `gpus` GPUs in a placeholder layout, the config's own layout or None)."""
     from megatron_lgs.lgs.simulate import PRESETS
 
-    model, layout = _preset(spec, gpu) if spec in PRESETS else _launch_config(spec)
+    preset = spec in PRESETS and not spec.endswith(".sh")
+    model, layout = _preset(spec, gpu) if preset else _launch_config(spec)
     gb = global_batch or layout["global_batch"]
     common = dict(model, id=spec, gpu=gpu, nic_gbit_per_gpu=nic, global_batch=gb,
                   precision="fp16" if gpu == "v100-32gb" else "bf16",

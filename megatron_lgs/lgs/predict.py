@@ -37,8 +37,9 @@ def _run_name(i: int, raw: Any) -> str:
     return f"#{i}"
 
 
-def predict_file(path: Path, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def predict_file(path: Path, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print one line per run; the exit code: 0, or 2 if the file or any run was bad."""
+    out, err = out or sys.stdout, err or sys.stderr
     try:
         runs = json.loads(path.read_text())
     except (OSError, ValueError) as e:

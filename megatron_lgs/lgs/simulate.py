@@ -136,11 +136,17 @@ def main(argv: list[str] | None = None) -> GridResult:
     return r
 
 
+def cli(argv: list[str]) -> int:
+    """`simulate predict RUNS.json` (the whole-step model) or the threshold-grid simulator."""
+    if argv[:1] == ["predict"]:
+        from megatron_lgs.lgs.predict import main as predict_main
+
+        return predict_main(argv[1:])
+    main(argv)
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["predict"]:
-        from megatron_lgs.lgs.predict import main as predict_main
-
-        sys.exit(predict_main(sys.argv[2:]))
-    main()
+    sys.exit(cli(sys.argv[1:]))

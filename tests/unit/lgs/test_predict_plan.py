@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from megatron_lgs.lgs.planner import candidates, fits
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.plan_run import resolve
+from megatron_lgs.lgs.planner import candidates, fits
 from megatron_lgs.lgs.predict import predict_file
+from megatron_lgs.lgs.simulate import cli
 from megatron_lgs.lgs.stepmodel import TERMS, predict_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,16 +43,14 @@ def _predict(runs: list, tmp_path: Path) -> tuple[int, list[dict], list[str]]:
         err.getvalue().splitlines()
 
 
-def test_predict_cli_dense_and_moe(tmp_path: Path) -> None:
+def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "runs.json"
     path.write_text(json.dumps([DENSE, MOE]))
-    env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}
-    p = subprocess.run([sys.executable, "-m", "megatron_lgs.lgs.simulate", "predict",
-                        str(path)], capture_output=True, text=True, cwd=ROOT, env=env,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert p.stderr == ""
-    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    # What `python -m megatron_lgs.lgs.simulate predict RUNS.json` runs, in-process.
+    assert cli(["predict", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    lines = [json.loads(x) for x in captured.out.splitlines()]
     assert [x["id"] for x in lines] == ["dense", "moe"]
     for x in lines:
         assert set(x) == KEYS and set(x["breakdown"]) == set(TERMS)
@@ -62,6 +59,7 @@ def test_predict_cli_dense_and_moe(tmp_path: Path) -> None:
         assert 0 < x["predicted_mfu"] < 1 and isinstance(x["fits_memory"], bool)
     assert lines[1]["breakdown"]["moe_all_to_all"] > 0 == lines[0]["breakdown"]["moe_all_to_all"]
     assert lines[1]["breakdown"]["recompute"] > 0
+    assert cli(["predict"]) == 2  # usage
 
 
 @pytest.mark.parametrize("bad,field", [
@@ -70,7 +68,7 @@ def test_predict_cli_dense_and_moe(tmp_path: Path) -> None:
     ({"hidden": None}, "hidden"),            # missing required field
     ({"gpu": "tpu-v5"}, "gpu"),
     ({"recompute": "some"}, "recompute"),
-    ({"global_batch": 100}, "global_batch"),
+    ({"global_batch": 101}, "global_batch"),
     ({"precision": "fp8"}, "precision"),     # A100 has no FP8
     ({"tp": "4"}, "tp"),
 ])
@@ -92,7 +90,7 @@ def test_predict_bad_file(tmp_path: Path) -> None:
     assert predict_file(path, io.StringIO(), io.StringIO()) == 2
 
 
-@pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("gpt-10b", 16)])
+@pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("launch/configs/gpt-10b.sh", 16)])
 def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
                                                   capsys: pytest.CaptureFixture) -> None:
     plans = plan_main(["--model", model, "--gpus", str(gpus), "--hardware", "a100-80gb",
@@ -110,7 +108,7 @@ def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
 
 def test_planner_never_proposes_what_does_not_fit() -> None:
     # A 10B model on 8 x 32 GB V100s: most layouts do not fit; none of them is a candidate.
-    base, _ = resolve("gpt-10b", "v100-32gb", 8, 64, None)
+    base, _ = resolve("launch/configs/gpt-10b.sh", "v100-32gb", 8, 64, None)
     cands = candidates(base)
     assert cands and all(fits(r) for _, _, r in cands)
     from megatron_lgs.lgs.planner import layouts

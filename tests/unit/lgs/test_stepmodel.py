@@ -168,7 +168,7 @@ def test_more_gpus_never_raise_per_gpu_throughput() -> None:
     there the step without the optimizer term is compared."""
     for layout in ({"tp": 8, "pp": 4}, {"tp": 2, "pp": 1}, {"tp": 8, "pp": 2, "zero": 1},
                    {"tp": 1, "pp": 1, "zero": 3}):
-        prev = None
+        prev, prev_tput = None, 0.0
         for dp in (1, 2, 4, 8, 16, 64):
             tp, pp = layout["tp"], layout["pp"]
             r = run(**layout, num_gpus=tp * pp * dp, global_batch=8 * dp, num_layers=32,
