@@ -124,7 +124,7 @@ def row(i: int | str, p: Plan) -> str:
 def _vs(a: StepEstimate | None, b: StepEstimate | None, what_a: str, what_b: str) -> str:
     if a is None or b is None:
         missing = what_a if a is None else what_b
-        return f"no {missing} layout fits"
+        return f"no valid {missing} layout fits in memory"
     faster = what_a if a.step_time_s <= b.step_time_s else what_b
     ratio = max(a.step_time_s, b.step_time_s) / min(a.step_time_s, b.step_time_s)
     return (f"{what_a} {describe(a.run)} {a.step_time_s:.3f} s vs {what_b} {describe(b.run)} "
