@@ -187,3 +187,34 @@ def test_recompute_never_faster() -> None:
         steps = [predict_run(run(**kw, recompute=m)).step_time_s
                  for m in ("none", "selective", "full")]
         assert steps[0] <= steps[1] <= steps[2], kw
+
+
+def test_elementwise_and_unfused_attention_by_hand() -> None:
+    r = run(pp=1, num_gpus=32)  # TP4 with SP, GeLU MLP 4h, fused attention
+    hw = link_profile(A100)
+    c = layer_cost(r, A100, hw)
+    tok, h, t, f = 2048, 4096, 4, 4 * 4096
+    hbm = 2039e9 * HBM_EFFICIENCY
+    # 11 h-sized passes (norms, bias-dropout-adds) on the SP shard + GeLU read/write, BF16.
+    assert c.fwd["elementwise"] == pytest.approx((11 * tok / t * h * 2 + 2 * tok * f / t * 2)
+                                                 / hbm)
+    assert c.bwd["elementwise"] == pytest.approx((13 * tok / t * h * 2 + 3 * tok * f / t * 2)
+                                                 / hbm)
+    u = layer_cost(replace(r, flash_attention=False), A100, hw)
+    heads, d, s = 32 / t, h / 32, 2048
+    qk = gemm_time(s, s, d, A100, "bf16")
+    av = gemm_time(s, d, s, A100, "bf16")
+    assert u.fwd["attention"] == pytest.approx(heads * (qk + av))
+    score = tok * heads * s * 2
+    assert u.fwd["elementwise"] - c.fwd["elementwise"] == pytest.approx(4.5 * score / hbm)
+
+
+def test_zero3_gathers_per_micro_batch() -> None:
+    r = run(tp=1, pp=1, num_gpus=16, heads=32, zero=3, global_batch=64)
+    costs, _, _ = compute_phase(r)
+    hw = link_profile(A100)
+    dense = stage_params(r)[0][0]
+    ag = all_gather_time(dense * 2, 8, hw.intra) + all_gather_time(dense * 2 / 8, 2, hw.inter)
+    fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
+    assert costs[0].fwd["param_all_gather"] == pytest.approx(max(0.0, ag - fwd))
+    assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
