@@ -1,5 +1,6 @@
 """Layer-wise gradient sync: the engine on megatron-core's DDP (plan, sync, compress), the cost
-model, step simulator, threshold memory wall, start-up recommendation and online auto-tuner.
+model, step simulator, threshold memory wall, start-up recommendation and online auto-tuner;
+the whole-step model (`stepmodel`, `predict`) and the layout planner (`planner`, `plan_run`).
 
 All simulator figures are predictions of an alpha-beta model, never measurements.
 """
@@ -21,6 +22,7 @@ from megatron_lgs.lgs.costmodel import (
     ring_allreduce_time,
     tree_allreduce_time,
 )
+from megatron_lgs.lgs.gpus import GPUS, GpuProfile, get_gpu
 from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
 from megatron_lgs.lgs.plan import BucketPlan, PlanConfig, PlanError, Unit, make_plan
 from megatron_lgs.lgs.recommend import (
@@ -33,12 +35,22 @@ from megatron_lgs.lgs.recommend import (
     workload_for,
     workload_for_config,
 )
+from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
+from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 from megatron_lgs.lgs.sync import LgsEngine, StepStats, fine_bucket_size, install
 from megatron_lgs.lgs.timeline import StepPrediction, Thresholds, Workload, predict_step
 from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
 __all__ = [
+    "GPUS",
+    "GpuProfile",
+    "Run",
+    "RunError",
+    "StepEstimate",
+    "get_gpu",
+    "predict_run",
+    "run_from_dict",
     "BucketPlan",
     "LgsConfig",
     "LgsEngine",

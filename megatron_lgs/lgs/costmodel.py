@@ -114,7 +114,8 @@ def hierarchical_allreduce(
     """Two-level reduction of an n-byte bucket over g ranks per node x m nodes.
 
     Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard, then an
-    intra-node all-gather of n (skipped with the distributed optimizer, which owns the shard).
+    intra-node all-gather of n. With the distributed optimizer (`all_gather=False`) each rank
+    owns its shard: the inter-node hop is a reduce-scatter and there is no all-gather.
     `inter_message_cap` splits the inter-node part into ceil((n/g)/cap) equal all-reduces:
     each extra message pays the inter latency again but no extra bandwidth term. That is the
     only thing the cap does in an alpha-beta model; its benefit (bounded NIC queues, less
@@ -131,7 +132,10 @@ def hierarchical_allreduce(
     if m == 1 or shard == 0:
         return HierarchicalCost(intra, 0.0, 0)
     k = 1 if inter_message_cap is None else max(1, math.ceil(shard / inter_message_cap))
-    inter = k * ring_allreduce_time(shard / k, m, hw.inter)
+    # With the distributed optimizer the inter-node hop is a reduce-scatter (each rank keeps
+    # its ZeRO shard), as `sync` issues it; otherwise an all-reduce.
+    inter_op = ring_allreduce_time if all_gather else reduce_scatter_time
+    inter = k * inter_op(shard / k, m, hw.inter)
     return HierarchicalCost(intra, inter, k)
 
 

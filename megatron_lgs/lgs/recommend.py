@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from megatron_lgs.lgs.costmodel import get_profile
-from megatron_lgs.lgs.simulate import GRID_MB, preference, sweep
+from megatron_lgs.lgs.grid import GRID_MB, preference, sweep
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 

@@ -1,5 +1,8 @@
 """Threshold-grid search over predicted step times; `python -m megatron_lgs.lgs.simulate`.
 
+`python -m megatron_lgs.lgs.simulate predict RUNS.json` predicts whole training steps instead
+(the whole-step model, `stepmodel`; see `predict`).
+
 Every number printed is a prediction of the cost model (see `timeline` for how a step is
 modelled), not a measurement.
 """
@@ -7,16 +10,14 @@ modelled), not a measurement.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from megatron_lgs.lgs.costmodel import PROFILES, custom, get_profile
-from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
+from megatron_lgs.lgs.grid import GRID_MB, GridResult, preference, sweep  # noqa: F401
 from megatron_lgs.lgs.simreport import LABEL, grid_table, write_heatmap, write_trace
-from megatron_lgs.lgs.timeline import MB, StepPrediction, Thresholds, Workload, predict_step
+from megatron_lgs.lgs.timeline import MB, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig
-
-GRID_MB = [8, 16, 32, 64, 128, 256]
 
 # The seed's case: ~100B dense GPT (GPT-3 shape, 12*L*h^2 = 100.7B) on 128 A100 in TP8 PP4 DP4.
 PRESETS: dict[str, tuple[ModelConfig, Layout]] = {
@@ -38,28 +39,6 @@ PRESETS: dict[str, tuple[ModelConfig, Layout]] = {
         Layout(tp=2, pp=8, dp=8, ep=8, gpus_per_node=8, num_micro_batches=128),
     ),
 }
-
-
-@dataclass(frozen=True)
-class GridResult:
-    predictions: tuple[StepPrediction, ...]
-    best: StepPrediction
-    wall: MemoryWall
-
-
-def preference(p: StepPrediction) -> tuple[float, int, int]:
-    """Sort key of plans: faster first (to the ns), ties to the smaller thresholds."""
-    return round(p.step_time_s, 9), p.thresholds.intra_bytes, p.thresholds.inter_bytes
-
-
-def sweep(w: Workload, grid_mb: list[int] = GRID_MB) -> GridResult:
-    """Predict every (intra, inter) pair; the best is the fastest, ties to smaller thresholds."""
-    if not grid_mb or min(grid_mb) <= 0:
-        raise ValueError(f"grid must hold positive MB values, got {grid_mb}")
-    preds = tuple(predict_step(w, Thresholds(i * MB, e * MB)) for i in grid_mb for e in grid_mb)
-    best = min(preds, key=preference)
-    wall = memory_wall(w.model, w.layout, w.hw.memory_bytes)
-    return GridResult(preds, best, wall)
 
 
 def explain(w: Workload, r: GridResult) -> list[str]:
@@ -157,5 +136,17 @@ def main(argv: list[str] | None = None) -> GridResult:
     return r
 
 
+def cli(argv: list[str]) -> int:
+    """`simulate predict RUNS.json` (the whole-step model) or the threshold-grid simulator."""
+    if argv[:1] == ["predict"]:
+        from megatron_lgs.lgs.predict import main as predict_main
+
+        return predict_main(argv[1:])
+    main(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    sys.exit(cli(sys.argv[1:]))

@@ -20,6 +20,7 @@ How the step is modelled (all times are predictions):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
 from megatron_lgs.lgs.workload import (
@@ -105,36 +106,37 @@ class Workload:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
 
-def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds
+def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float
              ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
-    """Op spans and closed buckets (group, tensor names, bytes, ready time)."""
-    rate = w.hw.peak_flops * w.efficiency
+    """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
+    ready time)."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     closed: list[tuple[str, list[str], int, float]] = []
-    open_: dict[str, tuple[list[str], int]] = {}
+    open_names: dict[str, list[str]] = {}
+    open_bytes: dict[str, int] = {}
     t = start
     for op in ops:
         end = t + op.flops / rate
         spans.append(Span(op.name, t, end))
         for g in op.grads:
-            names, nbytes = open_.get(g.group, ([], 0))
-            names, nbytes = names + [g.name], nbytes + g.numel * gb
+            open_names.setdefault(g.group, []).append(g.name)
+            nbytes = open_bytes.get(g.group, 0) + g.numel * gb
             if nbytes >= th.intra_bytes:
-                closed.append((g.group, names, nbytes, end))
-                open_.pop(g.group, None)
+                closed.append((g.group, open_names.pop(g.group), nbytes, end))
+                open_bytes.pop(g.group, None)
             else:
-                open_[g.group] = (names, nbytes)
+                open_bytes[g.group] = nbytes
         t = end
-    for group, (names, nbytes) in open_.items():
-        closed.append((group, names, nbytes, t))
+    for group, names in open_names.items():
+        closed.append((group, names, open_bytes[group], t))
     closed.sort(key=lambda b: b[3])
     return spans, closed
 
 
 def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
-           th: Thresholds) -> StageTimeline:
-    spans, closed = _buckets(ops, bwd_start, w, th)
+           th: Thresholds, rate: float) -> StageTimeline:
+    spans, closed = _buckets(ops, bwd_start, w, th, rate)
     lay = w.layout
     free = bwd_start
     events: list[BucketEvent] = []
@@ -167,8 +169,9 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
                  ) -> StepPrediction:
     """Predicted timeline of one step with thresholds `th` (see the module docstring).
 
-    `bucket_later_stages=False` models megatron-core DDP, which turns bucketing off on pipeline
-    stages after the first: each of their gradient buffers is reduced as one bucket.
+    Compute runs at `w.efficiency` of peak. `bucket_later_stages=False` models megatron-core
+    DDP, which turns bucketing off on pipeline stages after the first: each of their gradient
+    buffers is reduced as one bucket.
     """
     lay = w.layout
     rate = w.hw.peak_flops * w.efficiency
@@ -177,12 +180,33 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     tf = [forward_flops(ops) / rate for ops in stage_ops]
     per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
     compute_end = sum(per_mb) + (lay.num_micro_batches - 1) * max(per_mb)
+    return replay(w, th, tf, tb, compute_end, bucket_later_stages)
+
+
+@lru_cache(maxsize=64)
+def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
+    # Replays of one layout over a threshold grid share the ops; nothing mutates them.
+    return stage_backward(model, lay, stage)
+
+
+def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
+           bucket_later_stages: bool = True) -> StepPrediction:
+    """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
+    times `tf`, `tb` (s) and the end of all compute `compute_end` (s).
+
+    Each stage's last backward lasts tb_k, split over its ops in proportion to their FLOPs;
+    this is how the whole-step model (`stepmodel`) feeds its own compute times in.
+    """
+    lay = w.layout
+    stage_ops = [_stage_ops(w.model, lay, k) for k in range(lay.pp)]
     stages = []
     for k, ops in enumerate(stage_ops):
         bwd_end = compute_end - sum(tb[:k])
-        busy = lay.num_micro_batches * per_mb[k]
+        busy = lay.num_micro_batches * (tf[k] + tb[k])
         stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
-        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th))
+        flops = sum(op.flops for op in ops)
+        rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
+        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th, rate))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
     return StepPrediction(

@@ -76,7 +76,9 @@ def test_hierarchical_matches_reference_formula() -> None:
     assert c.total_s == pytest.approx(ref)
     assert c.inter_messages == 1
     no_ag = hierarchical_allreduce(n, g, m, hw, all_gather=False)
-    assert c.total_s - no_ag.total_s == pytest.approx(all_gather_time(n, g, hw.intra))
+    # Distributed optimizer: no intra all-gather, and the inter hop is a reduce-scatter.
+    assert no_ag.intra_s == pytest.approx(reduce_scatter_time(n, g, hw.intra))
+    assert no_ag.inter_s == pytest.approx((m - 1) * ae + (m - 1) / m * (n / g) / be)
 
 
 def test_inter_cap_splits_messages_and_pays_latency() -> None:

@@ -1,0 +1,167 @@
+"""Whole-step model against training runs published with their layout and throughput.
+
+Every row cites its source. The model's inputs are the published layout plus the software of
+the time (stated per source below); where a source leaves a knob out (micro-batch size,
+virtual stages) the row says what was assumed. Hardware constants are the profiles of
+`megatron_lgs/lgs/gpus.py` (data sheets and microbenchmarks), never fitted to these rows.
+Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
+recompute pass; the others count Megatron-LM's model FLOPs) or as tokens/s where the source
+gives it. Offline, pure Python:
+
+    python bench/published_runs.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_lgs.lgs.flops import flops_with_full_recompute  # noqa: E402
+from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
+from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
+
+NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
+             "Clusters Using Megatron-LM' (SC21, arXiv 2104.04473), Table 1; same rows in "
+             "Megatron-LM's README of 2021 (images/cases_april2021.png)")
+# Megatron-LM of April 2021: FP16, full recompute, unfused attention (no FlashAttention yet),
+# no sequence parallelism or distributed optimizer, gradients all-reduced after the backward,
+# 8 x 80 GB A100 per node with 8 HDR NICs (Selene). Micro-batch size is not in the table: 1
+# (the repository's GPT-3 175B example of the time); non-interleaved 1F1B.
+NARAYANAN_RUNS = [
+    # name, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU (recompute counted)
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+MEGATRON_H100 = ("Megatron-LM README, 'Training Speed and Scalability' (Megatron-Core r0.8.0, "
+                 "H100, weak scaling; images/model_table.png, commit f2e5db402c of 2024-07)")
+# BF16 with Transformer Engine (fused attention), sequence parallelism, distributed optimizer,
+# --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (all stated in the README),
+# no recompute, vocabulary 131072, sequence 4096, GPT with a 4h GeLU MLP (the parameter counts
+# match). Micro-batch size is not published: 1. Virtual stages are not published: each row
+# takes the fastest the model predicts among those that divide its layers (the layout its
+# authors tuned), printed in the row.
+MEGATRON_H100_RUNS = [
+    # name, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU (model FLOPs)
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+]
+
+
+def narayanan_rows() -> list[dict]:
+    rows = []
+    for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in NARAYANAN_RUNS:
+        rows.append({
+            "source": NARAYANAN, "published": tflops, "metric": "TFLOP/s/GPU (with recompute)",
+            "run": {"id": f"narayanan21-{name}", "gpu": "a100-80gb", "num_gpus": gpus,
+                    "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 51200,
+                    "seq_length": 2048, "tp": tp, "pp": pp, "micro_batch": 1,
+                    "global_batch": batch, "recompute": "full", "precision": "fp16",
+                    "sequence_parallel": False, "flash_attention": False,
+                    "overlap_grad_reduce": False, "distributed_optimizer": False}})
+    return rows
+
+
+def megatron_h100_rows() -> list[dict]:
+    rows = []
+    for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in MEGATRON_H100_RUNS:
+        rows.append({
+            "source": MEGATRON_H100, "published": tflops, "metric": "TFLOP/s/GPU",
+            "vpp": "fastest",
+            "run": {"id": f"megatron-h100-{name}", "gpu": "h100-sxm", "num_gpus": gpus,
+                    "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 131072,
+                    "seq_length": 4096, "tp": tp, "pp": pp, "micro_batch": 1,
+                    "global_batch": batch, "recompute": "none", "precision": "bf16",
+                    "distributed_optimizer": True, "tp_comm_overlap": True}})
+    return rows
+
+
+def published_rows() -> list[dict]:
+    return narayanan_rows() + megatron_h100_rows()
+
+
+def _fastest_vpp(run: dict) -> StepEstimate:
+    base = run_from_dict(run)
+    best = None
+    per_stage = base.num_layers // base.pp
+    for v in range(1, per_stage + 1):
+        if per_stage % v or (v > 1 and (base.pp == 1 or base.num_micro_batches % base.pp)):
+            continue
+        est = predict_run(replace(base, vpp=v))
+        if best is None or est.step_time_s < best.step_time_s:
+            best = est
+    return best
+
+
+def predicted(row: dict) -> tuple[float, StepEstimate]:
+    est = _fastest_vpp(row["run"]) if row.get("vpp") == "fastest" else \
+        predict_run(run_from_dict(row["run"]))
+    r = est.run
+    if row["metric"].endswith("(with recompute)"):
+        value = flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
+    else:
+        value = est.tflops_per_gpu
+    return value, est
+
+
+def dominant_terms(est: StepEstimate, n: int = 3) -> str:
+    parts = sorted(est.breakdown.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
+
+
+def main(argv: list[str] | None = None) -> list[float]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write the rows and predictions here")
+    a = ap.parse_args(argv)
+    print("# PREDICTION of the whole-step model (megatron_lgs/lgs/stepmodel.py) against "
+          "published throughput")
+    head = (f"{'run':<22} {'layout':<22} {'published':>9} {'predicted':>9} {'error':>7} "
+            f"{'step s':>7} {'mem GB':>7}  largest terms")
+    errors, out, source = [], [], None
+    for row in published_rows():
+        if row["source"] != source:
+            source = row["source"]
+            print(f"\n## {source}\n## metric: {row['metric']}\n{head}")
+        value, est = predicted(row)
+        r = est.run
+        err = value / row["published"] - 1
+        errors.append(abs(err))
+        lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" V{r.vpp}" if r.vpp > 1 else "")
+        fit = "" if est.fits_memory else "!"
+        print(f"{r.id:<22} {lay:<22} {row['published']:>9.1f} {value:>9.1f} {err:>+7.1%} "
+              f"{est.step_time_s:>7.2f} {est.memory.peak_bytes / 1e9:>6.1f}{fit or ' '}  "
+              f"{dominant_terms(est)}")
+        out.append({**row, "predicted": value, "relative_error": err,
+                    "vpp_used": r.vpp, "breakdown_s": est.breakdown,
+                    "step_time_s": est.step_time_s})
+    print(f"\nrows {len(errors)}: median |error| {statistics.median(errors):.1%}, worst "
+          f"{max(errors):.1%}  (targets: median <= 10%, worst <= 20%; '!' = predicted not to "
+          "fit memory)")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return errors
+
+
+if __name__ == "__main__":
+    main()

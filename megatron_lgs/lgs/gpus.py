@@ -1,0 +1,112 @@
+"""GPU profiles of the whole-step model (`stepmodel`): compute, memory and links per GPU type.
+
+Kept apart from `costmodel.PROFILES` (the LGS replay's link profiles, and any measured profile
+calibrated on a cluster) so the two can evolve separately; `link_profile` turns a GPU profile
+and a NIC speed into the `costmodel.HardwareProfile` the gradient-sync replay takes.
+
+Every constant is a data-sheet figure or a published microbenchmark, cited beside it; none is
+fitted to a training run. Sources:
+- [V100] NVIDIA Tesla V100 data sheet (SXM2 32 GB): 125 TFLOP/s FP16 tensor, 900 GB/s HBM2,
+  NVLink 2 300 GB/s total (both directions).
+- [A100] NVIDIA A100 data sheet (SXM): 312 TFLOP/s BF16/FP16 dense, 1,555 GB/s (40 GB) and
+  2,039 GB/s (80 GB) HBM, NVLink 3 600 GB/s total.
+- [H100] NVIDIA H100 data sheet (SXM): 989 TFLOP/s BF16 dense, 1,979 FP8 dense, 3.35 TB/s,
+  NVLink 4 900 GB/s total. H800 SXM: the same chip with NVLink cut to 400 GB/s total.
+- [H200] NVIDIA H200 data sheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s.
+- [MAMF] S. Bekman, "Machine Learning Engineering", compute/accelerator: maximum achievable
+  matmul FLOP/s measured over a sweep of GEMM shapes: A100 SXM BF16 267.9 TFLOP/s (86% of
+  peak), H100 SXM BF16 792.1 (80%). REFERENCE.md: ~790 TFLOP/s by matmuls on H200.
+- [REF] /work/shared/REFERENCE.md "Typical links": NVLink a few us per hop, InfiniBand
+  10-20 us; NCCL bus bandwidth H100 NVLink ~370 GB/s; HDR ~24 GB/s and NDR ~46-48 GB/s per NIC.
+- [DSV3] DeepSeek-V3 technical report, sec. 3.2.1: H800 NVLink 160 GB/s, InfiniBand
+  50 GB/s (400 Gb/s) per GPU.
+- [FA2] T. Dao, FlashAttention-2 (2023), fig. 4-7: forward+backward reaches 50-73% of peak on
+  A100 (head dim 128, causal, seq 2k-8k); [FA3] J. Shah et al., FlashAttention-3 (2024): FA2
+  reaches ~35% of H100's peak, FA3 BF16 forward ~75%, backward ~55%.
+- [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
+  (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_lgs.lgs.costmodel import GB, HardwareProfile, Link
+
+NVLINK_ALPHA_S = 3e-6  # [REF] "a few us per hop"
+IB_ALPHA_S = 15e-6  # [REF] 10-20 us per hop, midpoint
+NIC_EFFICIENCY = 0.94  # [REF] HDR 200 Gb/s -> ~24 GB/s busbw (24 / 25), NDR 400 -> ~47 (47 / 50)
+HBM_EFFICIENCY = 0.85  # [STREAM]
+# GEMM efficiency falls as any dimension approaches the width of the GEMM kernels' tiles:
+# eff(d) = d / (d + GEMM_HALF_DIM) per dimension, with GEMM_HALF_DIM the 128-wide threadblock
+# tile of the BF16 kernels cuBLAS/CUTLASS pick on Ampere and Hopper (a dimension of one tile
+# runs at half speed, 4096 at 97%); the same curve on every GPU, its ceiling per profile from
+# [MAMF].
+GEMM_HALF_DIM = 128.0
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU type and the fabric it usually ships in."""
+
+    name: str
+    peak_tflops: float  # dense BF16 (FP16 on V100): the MFU denominator
+    fp8_tflops: float | None  # dense FP8; None: no FP8 tensor cores
+    gemm_max_efficiency: float  # largest-GEMM fraction of peak [MAMF]
+    attention_efficiency: float  # fused (flash) attention fwd+bwd fraction of peak [FA2][FA3]
+    memory_gb: float
+    hbm_gbps: float  # data-sheet HBM bandwidth, GB/s
+    nvlink_busbw_gbps: float  # NCCL bus bandwidth inside a node, GB/s
+    nic_gbit_per_gpu: float  # the usual inter-node fabric, Gb/s per GPU
+    bf16: bool = True
+
+    def gemm_tflops(self, precision: str) -> float:
+        if precision == "fp8" and self.fp8_tflops:
+            return self.fp8_tflops
+        return self.peak_tflops
+
+
+GPUS: dict[str, GpuProfile] = {
+    # V100: no BF16 (FP16 only); no published MAMF sweep we could cite, so A100's 86% ceiling
+    # (an assumption). FlashAttention does not run on Volta (runs default to unfused attention);
+    # its 40% applies only to a run that sets flash_attention true, and is an assumption too.
+    # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
+    # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
+    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, 0.86, 0.40, 32.0, 900.0, 120.0, 50.0,
+                            bf16=False),
+    # A100: NVLink 3 busbw 0.8 x 300 GB/s per direction; DGX A100 has one HDR 200 Gb/s per GPU.
+    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.86, 0.60, 40.0, 1555.0, 240.0, 200.0),
+    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.86, 0.60, 80.0, 2039.0, 240.0, 200.0),
+    # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
+    # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 370.0, 400.0),
+    "h800": GpuProfile("h800", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 160.0, 400.0),
+    "h200": GpuProfile("h200", 989.0, 1979.0, 0.80, 0.50, 141.0, 4800.0, 370.0, 400.0),
+}
+
+
+def get_gpu(name: str) -> GpuProfile:
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise ValueError(f"unknown gpu {name!r}; known: {sorted(GPUS)}") from None
+
+
+def inter_bandwidth_Bps(nic_gbit_per_gpu: float) -> float:
+    """NCCL bus bandwidth across nodes per GPU, from its NIC's line rate."""
+    return nic_gbit_per_gpu / 8 * GB * NIC_EFFICIENCY
+
+
+def link_profile(gpu: GpuProfile, gpus_per_node: int = 8,
+                 nic_gbit_per_gpu: float | None = None) -> HardwareProfile:
+    """The two-level link profile the gradient-sync replay (`timeline`) uses."""
+    nic = gpu.nic_gbit_per_gpu if nic_gbit_per_gpu is None else nic_gbit_per_gpu
+    return HardwareProfile(
+        name=f"{gpu.name}/{nic:g}Gb",
+        intra=Link(NVLINK_ALPHA_S, gpu.nvlink_busbw_gbps * GB),
+        inter=Link(IB_ALPHA_S, inter_bandwidth_Bps(nic)),
+        gpus_per_node=gpus_per_node,
+        peak_flops=gpu.peak_tflops * 1e12,
+        memory_bytes=gpu.memory_gb * GB,
+        source="megatron_lgs/lgs/gpus.py (data sheets, [MAMF], [REF], [DSV3])",
+    )

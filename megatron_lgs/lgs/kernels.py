@@ -1,0 +1,90 @@
+"""Time of one kernel on one GPU: GEMMs on a roofline with a shape-dependent efficiency,
+fused attention, memory-bound element-wise work, and the collectives of the model-parallel
+groups. Constants come from the profile (`gpus`); every time is a prediction.
+"""
+
+from __future__ import annotations
+
+from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
+from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, GpuProfile
+
+GB = 1e9
+
+
+def gemm_efficiency(m: float, n: float, k: float, gpu: GpuProfile) -> float:
+    """Fraction of peak a GEMM of (m x k) @ (k x n) reaches when compute-bound.
+
+    Each dimension d costs a factor d / (d + GEMM_HALF_DIM) (under-filled tiles and waves at
+    small d), times the profile's ceiling measured on large GEMMs.
+    """
+    f = 1.0
+    for d in (m, n, k):
+        f *= d / (d + GEMM_HALF_DIM)
+    return gpu.gemm_max_efficiency * f
+
+
+def gemm_time(m: float, n: float, k: float, gpu: GpuProfile, precision: str,
+              count: float = 1.0) -> float:
+    """Roofline time of `count` GEMMs (m x k) @ (k x n): max(compute, operand traffic)."""
+    if min(m, n, k) <= 0 or count <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    width = 1.0 if precision == "fp8" else 2.0
+    compute = flops / (gpu.gemm_tflops(precision) * 1e12 * gemm_efficiency(m, n, k, gpu))
+    traffic = width * (m * k + k * n) + 2.0 * m * n
+    memory = traffic / (gpu.hbm_gbps * GB * HBM_EFFICIENCY)
+    return count * max(compute, memory)
+
+
+def gemm_fwd_bwd(m: float, n: float, k: float, gpu: GpuProfile, precision: str
+                 ) -> tuple[float, float]:
+    """(forward, backward) of one linear layer: y = x W with x (m x k), W (k x n).
+
+    Backward is the data gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n).
+    """
+    fwd = gemm_time(m, n, k, gpu, precision)
+    bwd = gemm_time(m, k, n, gpu, precision) + gemm_time(k, n, m, gpu, precision)
+    return fwd, bwd
+
+
+def flash_attention_time(flops_fwd: float, gpu: GpuProfile) -> tuple[float, float]:
+    """(forward, backward) of a fused attention kernel given the forward's real FLOPs.
+
+    The backward recomputes QK^T and P inside the kernel: 5 score-sized GEMMs against the
+    forward's 2, i.e. 2.5x the forward's FLOPs ([FA2]).
+    """
+    rate = gpu.peak_tflops * 1e12 * gpu.attention_efficiency
+    return flops_fwd / rate, 2.5 * flops_fwd / rate
+
+
+def memory_time(nbytes: float, gpu: GpuProfile) -> float:
+    """A memory-bound kernel moving `nbytes` through HBM."""
+    return nbytes / (gpu.hbm_gbps * GB * HBM_EFFICIENCY)
+
+
+def tp_collective_time(kind: str, nbytes: float, p: int, link) -> float:
+    """One collective of a model-parallel group of p ranks over `link` (a costmodel.Link)."""
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "all_reduce":
+        return ring_allreduce_time(nbytes, p, link)
+    if kind == "all_gather":
+        return all_gather_time(nbytes, p, link)
+    if kind == "reduce_scatter":
+        return reduce_scatter_time(nbytes, p, link)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def all_to_all_time(nbytes_per_rank: float, p: int, intra_peers: int, intra, inter) -> float:
+    """All-to-all where each of p ranks sends nbytes_per_rank in total, evenly to all peers.
+
+    `intra_peers` of the p - 1 peers share the node (NVLink), the rest are across the
+    network; both parts run at once, so the slower sets the time.
+    """
+    if p <= 1 or nbytes_per_rank <= 0:
+        return 0.0
+    per_peer = nbytes_per_rank / p
+    inter_peers = p - 1 - intra_peers
+    t_intra = intra_peers * (intra.alpha_s + per_peer / intra.bandwidth_Bps)
+    t_inter = inter_peers * inter.alpha_s + inter_peers * per_peer / inter.bandwidth_Bps
+    return max(t_intra, t_inter)

@@ -1,0 +1,222 @@
+"""Layout planner: `python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware
+PROFILE --global-batch B`.
+
+CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`; a bare name is a preset
+first) or a launch config (`launch/configs/gpt-10b.sh`, or a name that is no preset); its own
+layout, when it has one for N GPUs, is
+predicted beside the planner's best. PROFILE is a GPU of `megatron_lgs/lgs/gpus.py`. Prints
+the fastest layouts that fit in memory with predicted step, MFU, memory and LGS thresholds, a
+flag line for the best, and the answers to: ZeRO-2 against ZeRO-3, TP inside or across nodes,
+what a slower inter-node network costs, how much the bucket thresholds move the step. Every
+number is a prediction of the whole-step model (`stepmodel`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from megatron_lgs.lgs.gpus import GPUS, get_gpu
+from megatron_lgs.lgs.grid import GRID_MB
+from megatron_lgs.lgs.planner import (
+    Plan,
+    best_of,
+    candidates,
+    flag_line,
+    threshold_sweep,
+    with_thresholds,
+)
+from megatron_lgs.lgs.runspec import Run, RunError, check_run
+from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
+
+LABEL = "PREDICTION (whole-step model, not a measurement)"
+ROW_GRID_MB = [16, 64, 256]
+
+
+def _preset(name: str, gpu: str) -> tuple[dict, dict]:
+    from megatron_lgs.lgs.simulate import PRESETS
+
+    m, lay = PRESETS[name]
+    model = dict(num_layers=m.num_layers, hidden=m.hidden, ffn_hidden=m.ffn_hidden,
+                 heads=m.num_heads, kv_heads=m.num_query_groups or m.num_heads, vocab=m.vocab,
+                 seq_length=m.seq_length, swiglu=m.swiglu, num_experts=m.num_experts,
+                 moe_topk=m.moe_topk, moe_ffn_hidden=m.moe_ffn_hidden or 0,
+                 untie_embeddings=m.untie_embeddings)
+    layout = dict(num_gpus=lay.world, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, etp=lay.etp,
+                  micro_batch=lay.micro_batch_size, sequence_parallel=lay.tp > 1,
+                  global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
+                  zero=1 if lay.distributed_optimizer else 0,
+                  distributed_optimizer=lay.distributed_optimizer)
+    return model, layout
+
+
+def _launch_config(spec: str) -> tuple[dict, dict]:
+    from megatron_lgs.launch_configs import CONFIGS_DIR, load_config, world_size
+
+    path = Path(spec)
+    name, cdir = (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
+    cfg = load_config(name, cdir)
+    m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
+    div = m.make_vocab_size_divisible_by
+    model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
+                 heads=m.num_attention_heads,
+                 kv_heads=(m.num_query_groups if m.group_query_attention and m.num_query_groups
+                           else m.num_attention_heads),
+                 vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
+                 swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
+                 moe_ffn_hidden=m.moe_ffn_hidden_size or 0,
+                 untie_embeddings=m.untie_embeddings_and_output_weights)
+    zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
+        o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
+        int(o.use_distributed_optimizer)
+    vpp = (m.num_layers // (par.pipeline_model_parallel_size
+                            * par.num_layers_per_virtual_pipeline_stage)
+           if par.num_layers_per_virtual_pipeline_stage else 1)
+    layout = dict(num_gpus=world_size(name), tp=par.tensor_model_parallel_size,
+                  pp=par.pipeline_model_parallel_size, cp=par.context_parallel_size,
+                  ep=par.expert_model_parallel_size,
+                  etp=par.expert_tensor_parallel_size or par.tensor_model_parallel_size,
+                  vpp=vpp, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
+                  sequence_parallel=par.sequence_parallel,
+                  recompute=m.recompute_granularity or "none", zero=zero,
+                  distributed_optimizer=zero >= 1)
+    return model, layout
+
+
+def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float | None
+            ) -> tuple[Run, Run | None]:
+    """(the model on `gpus` GPUs in a placeholder layout, the config's own layout or None)."""
+    from megatron_lgs.lgs.simulate import PRESETS
+
+    preset = spec in PRESETS and not spec.endswith(".sh")
+    model, layout = _preset(spec, gpu) if preset else _launch_config(spec)
+    gb = global_batch or layout["global_batch"]
+    common = dict(model, id=spec, gpu=gpu, nic_gbit_per_gpu=nic, global_batch=gb,
+                  precision="fp16" if gpu == "v100-32gb" else "bf16",
+                  flash_attention=gpu != "v100-32gb")
+    base = Run(**common, num_gpus=gpus, tp=1, pp=1, dp=gpus, micro_batch=1)
+    ref = None
+    if layout["num_gpus"] == gpus:
+        ref = Run(**{**common, **{k: v for k, v in layout.items() if k != "global_batch"}})
+        ref = replace(ref, dp=gpus // (ref.tp * ref.pp * ref.cp))
+        try:
+            check_run(ref)
+        except RunError:
+            ref = None  # the config's layout does not divide this global batch
+    return base, ref
+
+
+def describe(r: Run) -> str:
+    lay = f"TP{r.tp} PP{r.pp}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
+        (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + f" DP{r.dp}"
+    return f"{lay} mb{r.micro_batch} {r.recompute} ZeRO-{r.zero}"
+
+
+def row(i: int | str, p: Plan) -> str:
+    e = p.estimate
+    return (f"{i!s:>4} {describe(e.run):<38} {e.step_time_s:>8.3f} {e.mfu:>6.1%} "
+            f"{e.memory.peak_bytes / 1e9:>6.1f} {p.thresholds_mb[0]:>5}/{p.thresholds_mb[1]:<5} "
+            f"{p.threshold_step_s:>8.3f} {p.grid_spread:>7.2%}")
+
+
+def _vs(a: StepEstimate | None, b: StepEstimate | None, what_a: str, what_b: str) -> str:
+    if a is None or b is None:
+        missing = what_a if a is None else what_b
+        return f"no valid {missing} layout fits in memory"
+    faster = what_a if a.step_time_s <= b.step_time_s else what_b
+    ratio = max(a.step_time_s, b.step_time_s) / min(a.step_time_s, b.step_time_s)
+    return (f"{what_a} {describe(a.run)} {a.step_time_s:.3f} s vs {what_b} {describe(b.run)} "
+            f"{b.step_time_s:.3f} s: {faster} faster by {ratio - 1:.1%}")
+
+
+def _first(xs: list[StepEstimate]) -> StepEstimate | None:
+    return xs[0] if xs else None
+
+
+def questions(cands, best: StepEstimate, base: Run) -> list[str]:
+    gpn = base.gpus_per_node
+    pure = [c for c in cands if (c[2].tp, c[2].pp, c[2].cp, c[2].ep) == (1, 1, 1, 1)]
+    z2 = _first(best_of(pure, 1, lambda r: r.zero == 2))
+    z3 = _first(best_of(pure, 1, lambda r: r.zero == 3))
+    out = [f"ZeRO-2 vs ZeRO-3 (pure data parallel): {_vs(z2, z3, 'ZeRO-2', 'ZeRO-3')}"]
+    inside = _first(best_of(cands, 1, lambda r: r.tp <= gpn))
+    across = _first(best_of(cands, 1, lambda r: r.tp > gpn))
+    out.append(f"TP inside a node (<= {gpn}) vs across: "
+               f"{_vs(inside, across, 'inside', 'across')}")
+    nic = get_gpu(best.run.gpu).nic_gbit_per_gpu if best.run.nic_gbit_per_gpu is None \
+        else best.run.nic_gbit_per_gpu
+    slow = []
+    for f in (2, 4):
+        e = predict_run(replace(best.run, nic_gbit_per_gpu=nic / f))
+        cost = e.step_time_s / best.step_time_s - 1
+        slow.append(f"{nic / f:g} Gb/s {e.step_time_s:.3f} s ({cost:+.1%})")
+    out.append(f"slower inter-node network, best layout at {nic:g} Gb/s per GPU "
+               f"{best.step_time_s:.3f} s: " + ", ".join(slow))
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[Plan]:
+    ap = argparse.ArgumentParser(prog="python -m megatron_lgs.lgs.plan_run",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="simulator preset or launch config")
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--hardware", choices=sorted(GPUS), required=True)
+    ap.add_argument("--global-batch", type=int, help="sequences (default: the config's)")
+    ap.add_argument("--nic-gbit-per-gpu", type=float, help="default: the profile's fabric")
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--out-dir", type=Path, help="write LGS heat maps of the best and the "
+                                                 "config's layout here")
+    a = ap.parse_args(argv)
+    try:
+        base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu)
+    except (ValueError, KeyError) as e:
+        print(f"plan_run: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    cands = candidates(base)
+    top = best_of(cands, a.top)
+    print(f"# {LABEL}")
+    print(f"# {a.model} on {a.gpus} x {a.hardware}, global batch {base.global_batch}: "
+          f"{len(cands)} layouts fit in memory")
+    if not top:
+        print("no layout fits in memory", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"{'rank':>4} {'layout':<38} {'step s':>8} {'MFU':>6} {'mem GB':>6} "
+          f"{'LGS MB':>11} {'LGS step':>8} {'spread':>7}")
+    # The full 8..256 MB grid for the best (and the config's layout); a 3 x 3 subset of it for
+    # the runners-up, whose thresholds are indicative.
+    plans = [with_thresholds(e, GRID_MB if i == 0 else ROW_GRID_MB) for i, e in enumerate(top)]
+    for i, p in enumerate(plans, 1):
+        print(row(i, p))
+    best = plans[0]
+    print(f"best flags: {flag_line(best, base.global_batch)}")
+    if ref is not None:
+        rp = with_thresholds(predict_run(ref))
+        print(row("ref", rp) + f"  <- {a.model}'s own layout"
+              + ("" if rp.estimate.fits_memory else " (does NOT fit in memory)"))
+        print(f"best vs config layout: {rp.estimate.step_time_s / best.estimate.step_time_s:.3f}x")
+    for line in questions(cands, best.estimate, base):
+        print(f"answer: {line}")
+    print(f"answer: bucket thresholds on the best layout move the step by {best.grid_spread:.2%}"
+          " over the 8-256 MB grid (the 'spread' column)")
+    if a.out_dir:
+        write_heatmaps(a.out_dir, a.model, best, ref)
+    return plans
+
+
+def write_heatmaps(out: Path, name: str, best: Plan, ref: Run | None) -> None:
+    from megatron_lgs.lgs.simreport import write_heatmap
+
+    out.mkdir(parents=True, exist_ok=True)
+    for tag, r in (("best", best.run), ("config", ref)):
+        if r is None:
+            continue
+        preds = [e.sync for e in threshold_sweep(r)]
+        path = out / f"plan_{name.replace('/', '_')}_{tag}_heatmap.png"
+        write_heatmap(preds, GRID_MB, path, f"{name} {tag}: {describe(r)}")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

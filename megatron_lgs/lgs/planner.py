@@ -1,0 +1,152 @@
+"""Layout search on the whole-step model: every TP, PP, virtual stages, CP, EP, micro-batch,
+recompute and ZeRO stage that divides the model and the GPUs, memory first, fastest first.
+
+Branch and bound: the pipeline's compute end (`stepmodel.compute_phase`) is a lower bound of a
+layout's step, so layouts are replayed in the order of that bound and the search stops once the
+bound exceeds the k-th best whole step found; the answer is the exact top k of the space.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from megatron_lgs.lgs.grid import GRID_MB
+from megatron_lgs.lgs.runspec import Run, RunError, check_run
+from megatron_lgs.lgs.stepmemory import estimate_memory
+from megatron_lgs.lgs.stepmodel import StepEstimate, compute_phase, predict_run, stage_params
+from megatron_lgs.lgs.timeline import MB, Thresholds
+
+TP = (1, 2, 4, 8, 16)
+CP = (1, 2, 4)
+MICRO = (1, 2, 4, 8)
+VPP = (1, 2, 3, 4, 6, 8)
+RECOMPUTE = ("none", "selective", "full")
+MAX_PP = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    estimate: StepEstimate
+    thresholds_mb: tuple[int, int]
+    threshold_step_s: float  # the step with those thresholds
+    grid_spread: float  # (slowest - fastest) grid step / fastest
+
+    @property
+    def run(self) -> Run:
+        return self.estimate.run
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+
+
+def layouts(base: Run) -> Iterator[Run]:
+    """Every valid layout of `base`'s model on `base.num_gpus` at its global batch."""
+    n, experts = base.num_gpus, base.num_experts
+    for tp in TP:
+        for pp in _divisors(base.num_layers, MAX_PP):
+            for cp in CP:
+                if n % (tp * pp * cp):
+                    continue
+                dp = n // (tp * pp * cp)
+                for ep in _divisors(experts, 64) if experts else [1]:
+                    yield from _inner(base, tp, pp, cp, dp, ep)
+
+
+def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
+    pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
+    for mb in MICRO:
+        for vpp in VPP if pp > 1 else (1,):
+            for recompute in RECOMPUTE:
+                for zero in (0, 1, 2, 3) if pure_dp else (0, 1):
+                    r = replace(base, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=tp, vpp=vpp,
+                                micro_batch=mb, recompute=recompute, zero=zero,
+                                distributed_optimizer=zero >= 1, sequence_parallel=tp > 1)
+                    try:
+                        check_run(r)
+                    except RunError:
+                        continue
+                    yield r
+
+
+def fits(r: Run) -> bool:
+    return estimate_memory(r, stage_params(r)).fits
+
+
+Candidate = tuple[float, int, Run]
+
+
+def candidates(base: Run) -> list[Candidate]:
+    """Every layout that fits in memory with its lower bound (the pipeline's compute end)."""
+    return [(compute_phase(r)[1], i, r) for i, r in enumerate(layouts(base)) if fits(r)]
+
+
+def best_of(cands: list[Candidate], top: int = 5,
+            where: Callable[[Run], bool] = lambda r: True) -> list[StepEstimate]:
+    """The `top` fastest predicted layouts among `cands` that satisfy `where`, fastest first."""
+    heap = [c for c in cands if where(c[2])]
+    heapq.heapify(heap)
+    best: list[StepEstimate] = []
+    while heap:
+        bound, _, r = heapq.heappop(heap)
+        if len(best) >= top and bound >= best[-1].step_time_s:
+            break
+        best.append(predict_run(r))
+        best.sort(key=lambda e: e.step_time_s)
+        del best[top:]
+    return best
+
+
+def search(base: Run, top: int = 5) -> list[StepEstimate]:
+    """The `top` fastest predicted layouts of `base`'s model that fit in memory."""
+    return best_of(candidates(base), top)
+
+
+def threshold_sweep(r: Run, grid_mb: list[int] = GRID_MB) -> list[StepEstimate]:
+    return [predict_run(r, Thresholds(i * MB, e * MB)) for i in grid_mb for e in grid_mb]
+
+
+def with_thresholds(est: StepEstimate, grid_mb: list[int] = GRID_MB) -> Plan:
+    """LGS thresholds for a layout: the fastest grid point whose staging (2 x intra) still fits."""
+    sweep = threshold_sweep(est.run, grid_mb)
+    room = est.memory.limit_bytes - est.memory.peak_bytes
+    ok = [e for e in sweep if 2 * e.sync.thresholds.intra_bytes <= room] or sweep[:1]
+    pick = min(ok, key=lambda e: (round(e.step_time_s, 9), e.sync.thresholds.intra_bytes,
+                                  e.sync.thresholds.inter_bytes))
+    steps = [e.step_time_s for e in sweep]
+    th = pick.sync.thresholds
+    return Plan(est, (th.intra_bytes // MB, th.inter_bytes // MB), pick.step_time_s,
+                (max(steps) - min(steps)) / min(steps))
+
+
+def flag_line(p: Plan, global_batch: int) -> str:
+    """Megatron-LM / launch/configs flags of a plan."""
+    r = p.run
+    f = [f"--tensor-model-parallel-size {r.tp}"]
+    if r.sequence_parallel:
+        f.append("--sequence-parallel")
+    f.append(f"--pipeline-model-parallel-size {r.pp}")
+    if r.vpp > 1:
+        f.append(f"--num-layers-per-virtual-pipeline-stage {r.num_layers // (r.pp * r.vpp)}")
+    if r.cp > 1:
+        f.append(f"--context-parallel-size {r.cp}")
+    if r.ep > 1:
+        f.append(f"--expert-model-parallel-size {r.ep}")
+    if r.zero == 1:
+        f += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    elif r.zero >= 2:
+        strategy = "optim_grads" if r.zero == 2 else "optim_grads_params"
+        f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+    else:
+        f.append("--overlap-grad-reduce")
+    if r.recompute == "full":
+        f += ["--recompute-granularity full", "--recompute-method uniform",
+              "--recompute-num-layers 1"]
+    elif r.recompute == "selective":
+        f.append("--recompute-granularity selective")
+    f += [f"--micro-batch-size {r.micro_batch}", f"--global-batch-size {global_batch}",
+          "--lgs", f"--lgs-intra-threshold-mb {p.thresholds_mb[0]}",
+          f"--lgs-inter-threshold-mb {p.thresholds_mb[1]}"]
+    return " ".join(f)

@@ -1,0 +1,195 @@
+"""One training run as the whole-step model sees it: model shape, layout, batch, hardware.
+
+`run_from_dict` reads the JSON form `python -m megatron_lgs.lgs.simulate predict` takes and
+raises `RunError(field, reason)` for a missing or inconsistent field. Defaults of the nullable
+fields (null or absent): gpus_per_node 8, nic_gbit_per_gpu the profile's usual fabric,
+ffn_hidden 4 x hidden, kv_heads = heads, cp 1, dp derived, ep 1, vpp 1, recompute none,
+precision bf16 (fp16 on V100), swiglu false, num_experts 0 (dense), moe_topk 2,
+distributed_optimizer false, sequence_parallel true when tp > 1 (megatron-core needs it for MoE
+with TP and Megatron-LM's examples set it), and the extensions: zero (0, or 1 with the
+distributed optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params), etp
+(expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
+false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
+overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from megatron_lgs.lgs.gpus import GPUS
+
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+
+class RunError(ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"field {field!r}: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    gpu: str
+    num_gpus: int
+    num_layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_length: int
+    tp: int
+    pp: int
+    micro_batch: int
+    global_batch: int
+    gpus_per_node: int = 8
+    nic_gbit_per_gpu: float | None = None
+    ffn_hidden: int = 0
+    kv_heads: int = 0
+    cp: int = 1
+    dp: int = 0
+    ep: int = 1
+    etp: int = 0
+    vpp: int = 1
+    recompute: str = "none"
+    precision: str = "bf16"
+    swiglu: bool = False
+    num_experts: int = 0
+    moe_topk: int = 2
+    moe_ffn_hidden: int = 0
+    distributed_optimizer: bool = False
+    zero: int = 0
+    sequence_parallel: bool = False
+    flash_attention: bool = True
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    untie_embeddings: bool = True
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden * self.kv_heads // self.heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+
+REQUIRED = ("id", "gpu", "num_gpus", "num_layers", "hidden", "heads", "vocab", "seq_length",
+            "tp", "pp", "micro_batch", "global_batch")
+_INTS = {f.name for f in fields(Run) if f.type == "int"}
+_BOOLS = {f.name for f in fields(Run) if f.type == "bool"}
+
+
+def _typed(name: str, value: Any) -> Any:
+    if name in _BOOLS:
+        if not isinstance(value, bool):
+            raise RunError(name, f"must be true or false, got {value!r}")
+        return value
+    if name in _INTS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RunError(name, f"must be an integer, got {value!r}")
+        if value < (0 if name == "num_experts" or name == "zero" else 1):
+            raise RunError(name, f"must be >= 1, got {value}")
+        return value
+    if name == "nic_gbit_per_gpu":
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise RunError(name, f"must be a positive number, got {value!r}")
+        return float(value)
+    return str(value)
+
+
+def _divides(field: str, what: str, a: int, b: int) -> None:
+    if b % a:
+        raise RunError(field, f"{what}")
+
+
+def run_from_dict(d: dict[str, Any]) -> Run:
+    """A validated Run; unknown keys are ignored, nulls take the documented defaults."""
+    if not isinstance(d, dict):
+        raise RunError("run", "must be a JSON object")
+    known = {f.name for f in fields(Run)}
+    given = {k: v for k, v in d.items() if k in known and v is not None}
+    for name in REQUIRED:
+        if name not in given:
+            raise RunError(name, "missing")
+    vals = {k: _typed(k, v) for k, v in given.items()}
+    if vals["gpu"] not in GPUS:
+        raise RunError("gpu", f"unknown gpu {vals['gpu']!r}; known: {sorted(GPUS)}")
+    vals.setdefault("ffn_hidden", 4 * vals["hidden"])
+    vals.setdefault("kv_heads", vals["heads"])
+    vals.setdefault("etp", vals["tp"])
+    vals.setdefault("sequence_parallel", vals["tp"] > 1)
+    vals.setdefault("flash_attention", vals["gpu"] != "v100-32gb")
+    vals.setdefault("precision", "fp16" if vals["gpu"] == "v100-32gb" else "bf16")
+    dist = vals.get("distributed_optimizer", False)
+    if dist and vals.get("zero", 1) == 0:
+        raise RunError("zero", "0 contradicts distributed_optimizer true")
+    vals.setdefault("zero", 1 if dist else 0)
+    vals["distributed_optimizer"] = vals["zero"] >= 1
+    vals.setdefault("overlap_param_gather", vals.get("overlap_grad_reduce", True))
+    tp, pp, cp = vals["tp"], vals["pp"], vals.get("cp", 1)
+    if vals["num_gpus"] % (tp * pp * cp):
+        raise RunError("num_gpus", f"{vals['num_gpus']} not divisible by tp x pp x cp = "
+                                   f"{tp * pp * cp}")
+    dp = vals["num_gpus"] // (tp * pp * cp)
+    if vals.setdefault("dp", dp) != dp:
+        raise RunError("dp", f"tp x pp x cp x dp = {tp * pp * cp * vals['dp']} != num_gpus "
+                             f"{vals['num_gpus']}")
+    run = Run(**vals)
+    check_run(run)
+    return run
+
+
+def check_run(r: Run) -> None:
+    """Cross-field rules of a run (raises RunError naming the field)."""
+    if r.recompute not in RECOMPUTE:
+        raise RunError("recompute", f"must be one of {RECOMPUTE}, got {r.recompute!r}")
+    if r.precision not in PRECISIONS:
+        raise RunError("precision", f"must be one of {PRECISIONS}, got {r.precision!r}")
+    gpu = GPUS[r.gpu]
+    if r.precision == "fp8" and gpu.fp8_tflops is None:
+        raise RunError("precision", f"{r.gpu} has no FP8 tensor cores")
+    if r.precision == "bf16" and not gpu.bf16:
+        raise RunError("precision", f"{r.gpu} has no BF16; use fp16")
+    if r.zero > 3:
+        raise RunError("zero", f"must be 0..3, got {r.zero}")
+    _divides("hidden", f"hidden {r.hidden} not divisible by heads {r.heads}", r.heads, r.hidden)
+    _divides("heads", f"heads {r.heads} not divisible by tp {r.tp}", r.tp, r.heads)
+    _divides("kv_heads", f"heads {r.heads} not divisible by kv_heads {r.kv_heads}", r.kv_heads,
+             r.heads)
+    _divides("kv_heads", f"kv_heads {r.kv_heads} not divisible by tp {r.tp}", r.tp, r.kv_heads)
+    _divides("num_layers", f"num_layers {r.num_layers} not divisible by pp x vpp "
+             f"{r.pp * r.vpp}", r.pp * r.vpp, r.num_layers)
+    if r.vpp > 1 and r.pp == 1:
+        raise RunError("vpp", "virtual stages need pp > 1")
+    _divides("global_batch", f"global_batch {r.global_batch} not divisible by micro_batch x dp "
+             f"= {r.micro_batch * r.dp}", r.micro_batch * r.dp, r.global_batch)
+    if r.vpp > 1 and r.num_micro_batches % r.pp:
+        raise RunError("global_batch", f"interleaving needs micro-batches "
+                                       f"({r.num_micro_batches}) divisible by pp {r.pp}")
+    if r.cp > 1 and r.seq_length % (2 * r.cp):
+        raise RunError("seq_length", f"seq_length {r.seq_length} not divisible by 2 x cp")
+    if r.gpus_per_node < 1 or r.num_gpus % min(r.num_gpus, r.gpus_per_node):
+        raise RunError("gpus_per_node", f"{r.num_gpus} GPUs do not fill nodes of "
+                                        f"{r.gpus_per_node}")
+    if r.num_experts:
+        if not 1 <= r.moe_topk <= r.num_experts:
+            raise RunError("moe_topk", f"must be in 1..num_experts, got {r.moe_topk}")
+        _divides("ep", f"num_experts {r.num_experts} not divisible by ep {r.ep}", r.ep,
+                 r.num_experts)
+        _divides("ep", f"ep x etp = {r.ep * r.etp} does not divide tp x cp x dp = "
+                 f"{r.tp * r.cp * r.dp}", r.ep * r.etp, r.tp * r.cp * r.dp)
+        if r.tp > 1 and not r.sequence_parallel:
+            raise RunError("sequence_parallel", "MoE with tp > 1 needs sequence parallelism")
+    elif r.ep > 1:
+        raise RunError("ep", "expert parallelism needs num_experts > 0")
+    if r.zero >= 2 and (r.tp, r.pp, r.cp, r.ep) != (1, 1, 1, 1):
+        raise RunError("zero", "Megatron-FSDP (zero 2/3) is wired here for pure data "
+                               "parallelism (tp = pp = cp = ep = 1)")

@@ -1,0 +1,105 @@
+"""Peak memory per GPU of a run: model states by ZeRO stage, activations by recompute mode.
+
+States per parameter of the heaviest stage: BF16/FP16 weights (2 B), gradient buffer (4 B FP32
+with BF16/FP8, as Megatron-LM forces with BF16; 2 B with FP16), Adam's FP32 master weights and
+two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2 the
+gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow Korthikanti
+et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b bytes with
+sequence parallelism), generalized to GQA, SwiGLU, MoE and fused attention (which keeps no
+score matrix); full recompute keeps each layer's input plus one layer's working set; 1F1B
+holds pp - k micro-batches on stage k, interleaving (1 + (pp - 1) / (pp v)) times that.
+A fixed 10% of the GPU is reserved for the CUDA context, NCCL buffers and fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_lgs.lgs.gpus import GPUS
+from megatron_lgs.lgs.runspec import Run
+
+RESERVE_FRACTION = 0.10
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    states_bytes: float
+    activation_bytes: float
+    limit_bytes: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.states_bytes + self.activation_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.limit_bytes
+
+
+def grad_bytes(r: Run) -> int:
+    return 2 if r.precision == "fp16" else 4
+
+
+def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
+    dp = r.dp * r.cp
+    edp = r.tp * r.cp * r.dp // (r.ep * r.etp) if r.num_experts else 1
+    params = dense_params + expert_params
+    sharded = dense_params / dp + expert_params / edp
+    # ZeRO 3 holds the gathered weights of the layer in use and of the one prefetched.
+    gathered = 2 * 2 * params / (r.num_layers // r.pp) if r.zero >= 3 else 0.0
+    weights = 2 * (sharded if r.zero >= 3 else params) + gathered
+    grads = grad_bytes(r) * (sharded if r.zero >= 2 else params)
+    optim = 12 * (sharded if r.zero >= 1 else params)
+    return weights + grads + optim
+
+
+def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
+    """(all bytes kept for backward, of which the score matrices, the layer input alone) of one
+    layer, one micro-batch, one GPU."""
+    t = r.tp
+    sp = t if r.sequence_parallel else 1
+    tok = r.micro_batch * r.seq_length / r.cp
+    h, kv = r.hidden, r.kv_dim
+    # Norm inputs, QKV / fc1 inputs, dropout masks (1 B) are sequence-sharded with SP; Q, K, V,
+    # the projection input and the MLP activations are head-sharded.
+    attn = (2 * h + 2 * h + h) / sp + (2 * h + 4 * kv + 2 * h) / t
+    # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
+    scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
+    mats = 2 if r.swiglu else 1
+    if r.num_experts:
+        f = r.expert_ffn / r.etp
+        expert_tokens = r.moe_topk / t * r.etp
+        mlp = (2 * h + 2 * h + h) / sp + expert_tokens * (2 * h + 2 * f * mats + 2 * f) + \
+            2 * h * r.moe_topk / t
+    else:
+        f = r.ffn_hidden / t
+        mlp = (2 * h + 2 * h + h) / sp + 2 * f * mats + 2 * f
+    return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
+
+
+def activation_bytes(r: Run, stage: int) -> float:
+    per_stage = r.num_layers // r.pp
+    full, scores, inp = layer_activation_bytes(r)
+    kept = {"none": full, "selective": full - scores, "full": inp}[r.recompute]
+    inflight = min(r.num_micro_batches, r.pp - stage)
+    if r.vpp > 1:
+        inflight *= 1 + (r.pp - 1) / (r.pp * r.vpp)
+    act = per_stage * kept * inflight
+    if r.recompute == "full":
+        act += full  # the layer being recomputed
+    tok = r.micro_batch * r.seq_length / r.cp
+    if stage == r.pp - 1:
+        act += tok * r.vocab / r.tp * 4 * 2  # FP32 logits and their gradient
+    return act
+
+
+def estimate_memory(r: Run, stage_params: list[tuple[float, float]]) -> MemoryEstimate:
+    """Heaviest stage's states + activations; `stage_params[k]` = (dense, expert) per GPU."""
+    worst_states, worst_act = 0.0, 0.0
+    for k, (dense, expert) in enumerate(stage_params):
+        s, a = states_bytes(r, dense, expert), activation_bytes(r, k)
+        if s + a > worst_states + worst_act:
+            worst_states, worst_act = s, a
+    limit = GPUS[r.gpu].memory_gb * GB * (1 - RESERVE_FRACTION)
+    return MemoryEstimate(worst_states, worst_act, limit)

@@ -1,0 +1,360 @@
+"""The whole-step model: one training step of a run, term by term, from kernels to the sync.
+
+Per micro-batch and pipeline stage, every op of a layer is timed by `kernels` (GEMMs on a
+roofline with the profile's shape-dependent efficiency; attention with its s^2 part, fused or
+as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts), and
+the model-parallel communication is added where Megatron puts it on the critical path:
+
+- tensor parallel: 2 all-reduces per layer forward and 2 backward (with sequence parallelism
+  all-gather + reduce-scatter pairs, the same bytes) on the intra-node link (inter-node when
+  tp > gpus_per_node); with `tp_comm_overlap` only what outlasts the layer's GEMMs is exposed;
+- context parallel: the K/V ring (cp - 1 hops forward, K/V and their gradients backward),
+  overlapped with the attention kernel, exposed beyond it;
+- MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
+  exposed (megatron-core 0.16 does not overlap them by default);
+- pipeline: one activation send forward and one gradient send backward per micro-batch and
+  virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B;
+- recompute: `full` runs each layer's forward (with its communication) again before its
+  backward, `selective` the core attention only.
+
+The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - max_k c_k) / v
+(c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
+bubble being the second term. The data-parallel gradient sync is the LGS replay (`timeline`)
+on those stage times, with Megatron's default buckets unless thresholds are given. After it:
+the distributed optimizer's parameter all-gather (ZeRO 1/2; overlapped with the next forward
+when `overlap_param_gather`), or ZeRO 3's per-micro-batch gathers, and the optimizer step as a
+memory-bound pass over this GPU's shard (34 B per parameter: FP32 grad, master, two moments
+read and written, BF16 copy, the norm). Every number is a prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
+from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
+from megatron_lgs.lgs.flops import model_flops_per_step
+from megatron_lgs.lgs.gpus import GpuProfile, get_gpu, link_profile
+from megatron_lgs.lgs.kernels import (
+    all_to_all_time,
+    flash_attention_time,
+    gemm_fwd_bwd,
+    memory_time,
+    tp_collective_time,
+)
+from megatron_lgs.lgs.runspec import Run
+from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
+from megatron_lgs.lgs.timeline import (
+    ONE_BUCKET,
+    StepPrediction,
+    Thresholds,
+    Workload,
+    replay,
+)
+from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
+
+OPTIMIZER_BYTES_PER_PARAM = 34
+TERMS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm",
+         "moe_all_to_all", "pp_p2p", "pipeline_bubble", "dp_grad_sync", "param_all_gather",
+         "optimizer")
+
+
+@dataclass
+class Cost:
+    """Seconds per micro-batch of one stage, forward and backward, by term."""
+
+    fwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
+    bwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
+
+    def add(self, other: Cost, times: float = 1.0) -> None:
+        for mine, theirs in ((self.fwd, other.fwd), (self.bwd, other.bwd)):
+            for k, v in theirs.items():
+                mine[k] += times * v
+
+    @property
+    def fwd_s(self) -> float:
+        return sum(self.fwd.values())
+
+    @property
+    def bwd_s(self) -> float:
+        return sum(self.bwd.values())
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    run: Run
+    step_time_s: float
+    model_flops: float
+    breakdown: dict[str, float]
+    memory: MemoryEstimate
+    sync: StepPrediction
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flops / self.step_time_s / self.run.num_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu / get_gpu(self.run.gpu).peak_tflops
+
+    @property
+    def fits_memory(self) -> bool:
+        return self.memory.fits
+
+
+def _tp_link(r: Run, hw: HardwareProfile):
+    return hw.intra if r.tp <= r.gpus_per_node else hw.inter
+
+
+def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
+    """Two TP all-reduces (or all-gather + reduce-scatter pairs with SP) of nbytes each."""
+    link = _tp_link(r, hw)
+    if r.sequence_parallel:
+        one = (tp_collective_time("all_gather", nbytes, r.tp, link)
+               + tp_collective_time("reduce_scatter", nbytes, r.tp, link))
+    else:
+        one = tp_collective_time("all_reduce", nbytes, r.tp, link)
+    return 2 * one
+
+
+def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile) -> tuple[float, float]:
+    """A linear layer next to a TP collective. With `tp_comm_overlap` Transformer Engine splits
+    it into tp chunks along the tokens, each overlapping one step of the ring exchange (TE's
+    comm-GEMM overlap), so the GEMMs run at the shape of a chunk."""
+    if r.tp_comm_overlap and r.tp > 1:
+        f, b = gemm_fwd_bwd(m / r.tp, n, k, gpu, r.precision)
+        return r.tp * f, r.tp * b
+    return gemm_fwd_bwd(m, n, k, gpu, r.precision)
+
+
+def _dense_mlp(r: Run, gpu: GpuProfile, tok: float) -> tuple[float, float, float, float]:
+    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd) of the dense MLP."""
+    t, h, f = r.tp, r.hidden, r.ffn_hidden
+    mats = 2 if r.swiglu else 1
+    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu)
+    f2 = _tp_gemm(r, tok, h, f / t, gpu)
+    # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
+    fp, bp = (3, 5) if r.swiglu else (2, 3)
+    act = tok * f / t * 2
+    return f1[0] + f2[0], f1[1] + f2[1], fp * act, bp * act
+
+
+def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
+             ) -> tuple[float, float, float, float, float]:
+    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd, all-to-all per direction) of an MoE
+    layer with balanced routing."""
+    t, h, p, e = r.tp, r.hidden, r.precision, r.num_experts
+    mats = 2 if r.swiglu else 1
+    f = r.expert_ffn / r.etp
+    local = e // r.ep
+    per_expert = tok * r.moe_topk / t * r.etp * r.ep / e
+    f1 = gemm_fwd_bwd(per_expert, f * mats, h, gpu, p)
+    f2 = gemm_fwd_bwd(per_expert, h, f, gpu, p)
+    router = gemm_fwd_bwd(tok / t, e, h, gpu, p)
+    fwd = local * (f1[0] + f2[0]) + router[0]
+    bwd = local * (f1[1] + f2[1]) + router[1]
+    fp, bp = (3, 5) if r.swiglu else (2, 3)
+    # Activation, then permute and unpermute of each token copy (read + write each way).
+    copies = local * per_expert
+    elem_f, elem_b = copies * (fp * f + 4 * h) * 2, copies * (bp * f + 4 * h) * 2
+    sent = tok / t * r.moe_topk * h * 2
+    intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
+    a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
+    return fwd, bwd, elem_f, elem_b, a2a
+
+
+def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
+    """One transformer layer, one micro-batch, one GPU."""
+    c = Cost()
+    t, h, p = r.tp, r.hidden, r.precision
+    tok = r.micro_batch * r.seq_length / r.cp
+    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu)
+    proj = _tp_gemm(r, tok, h, h / t, gpu)
+    gf, gb = qkv[0] + proj[0], qkv[1] + proj[1]
+    if r.num_experts:
+        mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
+        c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
+    else:
+        mf, mb, elem_f, elem_b = _dense_mlp(r, gpu, tok)
+    c.fwd["gemm"], c.bwd["gemm"] = gf + mf, gb + mb
+    # Attention scores: each rank's tok queries against the whole sequence's keys.
+    heads_local, d = r.heads / t, h / r.heads
+    if r.flash_attention:
+        # The kernel skips the masked half of the causal score matrix.
+        af, ab = flash_attention_time(4 * tok * r.seq_length * h / t * 0.5, gpu)
+        score = 0.0
+    else:
+        seqs = tok / r.seq_length * heads_local
+        qk = gemm_fwd_bwd(r.seq_length, r.seq_length, d, gpu, p)
+        av = gemm_fwd_bwd(r.seq_length, d, r.seq_length, gpu, p)
+        af, ab = seqs * (qk[0] + av[0]), seqs * (qk[1] + av[1])
+        # Fused scale-mask-softmax and dropout: 4.5 passes forward, 5.5 backward, 2 B each.
+        score = tok * heads_local * r.seq_length * 2
+    c.fwd["attention"], c.bwd["attention"] = af, ab
+    # Norms, bias-dropout-adds (h-sized, sequence-sharded with SP): 11 passes fwd, 13 bwd.
+    sp = t if r.sequence_parallel else 1
+    act = tok / sp * h * 2
+    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score, gpu)
+    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score, gpu)
+    comm = _collective_pair(r, hw, tok * h * 2)
+    if r.tp_comm_overlap:
+        c.fwd["tp_comm"], c.bwd["tp_comm"] = max(0.0, comm - gf - mf), max(0.0, comm - gb - mb)
+    else:
+        c.fwd["tp_comm"] = c.bwd["tp_comm"] = comm
+    if r.cp > 1:
+        link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
+        kv_bytes = tok * 2 * r.kv_dim / t * 2
+        ring = (r.cp - 1) * (link.alpha_s + kv_bytes / link.bandwidth_Bps)
+        c.fwd["cp_comm"], c.bwd["cp_comm"] = max(0.0, ring - af), max(0.0, 2 * ring - ab)
+    if r.recompute == "full":
+        c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
+    elif r.recompute == "selective":
+        c.bwd["recompute"] = af + memory_time(4.5 * score, gpu)
+    return c
+
+
+def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
+    c = Cost()
+    tok = r.micro_batch * r.seq_length / r.cp
+    f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, r.precision)
+    c.fwd["gemm"], c.bwd["gemm"] = f, b
+    # FP32 cross-entropy over the vocabulary shard: 3 passes forward, 2 backward, 4 B each.
+    ce = tok * r.vocab / r.tp * 4
+    c.fwd["elementwise"], c.bwd["elementwise"] = memory_time(3 * ce, gpu), memory_time(2 * ce, gpu)
+    return c
+
+
+def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
+    layer = layer_cost(r, gpu, hw)
+    per_stage = r.num_layers // r.pp
+    p2p = 0.0
+    if r.pp > 1:
+        ranks_per_stage = r.tp * r.cp * r.dp
+        link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
+        nbytes = r.micro_batch * r.seq_length / r.cp * r.hidden * 2 / r.tp
+        p2p = r.vpp * (link.alpha_s + nbytes / link.bandwidth_Bps)
+    out = []
+    for k in range(r.pp):
+        c = Cost()
+        c.add(layer, per_stage)
+        if k == r.pp - 1:
+            c.add(_logits_cost(r, gpu))
+        c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = p2p
+        out.append(c)
+    return out
+
+
+def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
+    """The LGS replay's view of the run (its DP group is data x context ranks)."""
+    model = ModelConfig(num_layers=r.num_layers, hidden=r.hidden, ffn_hidden=r.ffn_hidden,
+                        num_heads=r.heads, vocab=r.vocab, seq_length=r.seq_length,
+                        num_query_groups=r.kv_heads, swiglu=r.swiglu,
+                        num_experts=r.num_experts, moe_topk=r.moe_topk,
+                        moe_ffn_hidden=r.moe_ffn_hidden or None,
+                        untie_embeddings=r.untie_embeddings)
+    lay = Layout(tp=r.tp, pp=r.pp, dp=r.dp * r.cp, ep=r.ep, etp=r.etp,
+                 gpus_per_node=min(r.gpus_per_node, r.num_gpus),
+                 micro_batch_size=r.micro_batch, num_micro_batches=r.num_micro_batches,
+                 grad_bytes=grad_bytes(r), distributed_optimizer=r.distributed_optimizer)
+    return Workload(model, lay, hw)
+
+
+def default_thresholds(w: Workload) -> Thresholds:
+    n = megatron_default_bucket_bytes(w.layout.dp, w.layout.grad_bytes)
+    return Thresholds(n, n)
+
+
+def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> float:
+    """Hierarchical all-gather of this stage's BF16 weights over their data-parallel groups."""
+    total = 0.0
+    for group in (DENSE, EXPERT):
+        n = numel[group] * 2.0
+        if n == 0:
+            continue
+        g, m = w.layout.group_shape(group)
+        total += all_gather_time(n, g, hw.intra) + all_gather_time(n / g, m, hw.inter)
+    return total
+
+
+def stage_params(r: Run) -> list[tuple[float, float]]:
+    """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
+    h, t = r.hidden, r.tp
+    mats = 3 if r.swiglu else 2
+    attn = h * (h + 2 * r.kv_dim) // t + h * h // t + 2 * h
+    if r.num_experts:
+        dense = attn - h + h * r.num_experts  # workload's MoE layer carries one norm
+        expert = r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp
+    else:
+        dense, expert = attn + mats * h * r.ffn_hidden // t, 0
+    per = r.num_layers // r.pp
+    emb = r.vocab * h // t
+    out = []
+    for k in range(r.pp):
+        d = per * dense + (emb if k == 0 else 0)
+        if k == r.pp - 1:
+            d += h + (emb if r.untie_embeddings or r.pp > 1 else 0)
+        out.append((float(d), float(per * expert)))
+    return out
+
+
+def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
+    """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage.
+
+    The compute end is a lower bound of the step (every later term is >= 0): the planner
+    prunes with it before replaying the gradient sync.
+    """
+    gpu = get_gpu(r.gpu)
+    hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    costs = stage_costs(r, gpu, hw)
+    if r.zero >= 2:
+        w = sync_workload(r, hw)
+        for c, (dense, expert) in zip(costs, stage_params(r), strict=True):
+            numel = {DENSE: dense, EXPERT: expert}
+            # Sharded gradients cannot accumulate: every micro-batch's backward reduce-scatters
+            # them (the replay adds the last one's tail), overlapped with that backward.
+            rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
+            fwd_s, bwd_s = c.fwd_s, c.bwd_s
+            c.bwd["dp_grad_sync"] = max(0.0, rs - bwd_s)
+            if r.zero >= 3:
+                # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
+                ag = _gather_time(w, hw, numel)
+                c.fwd["param_all_gather"] = max(0.0, ag - fwd_s)
+                c.bwd["param_all_gather"] = max(0.0, ag - bwd_s)
+    per_mb = [c.fwd_s + c.bwd_s for c in costs]
+    crit = max(range(r.pp), key=lambda k: per_mb[k])
+    end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
+    return costs, end, crit
+
+
+def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
+    """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets."""
+    gpu = get_gpu(r.gpu)
+    hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    w = sync_workload(r, hw)
+    costs, compute_end, crit = compute_phase(r)
+    numel = [{DENSE: d, EXPERT: e} for d, e in stage_params(r)]
+    per_mb = [c.fwd_s + c.bwd_s for c in costs]
+    m = r.num_micro_batches
+    breakdown = {k: m * (costs[crit].fwd[k] + costs[crit].bwd[k]) for k in TERMS}
+    breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
+    if thresholds is None:
+        thresholds = default_thresholds(w) if r.overlap_grad_reduce else ONE_BUCKET
+    megatron_ddp = thresholds == default_thresholds(w)
+    sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
+                  compute_end, bucket_later_stages=not megatron_ddp)
+    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
+    after = 0.0
+    for k, n in enumerate(numel):
+        local = (n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
+                 if r.zero >= 1 else n[DENSE] + n[EXPERT])
+        opt = memory_time(local * OPTIMIZER_BYTES_PER_PARAM, gpu)
+        gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
+        if r.overlap_param_gather:
+            gather = max(0.0, gather - costs[k].fwd_s)
+        if opt + gather >= after:
+            after, tail = opt + gather, (opt, gather)
+    breakdown["optimizer"] = tail[0]
+    breakdown["param_all_gather"] += tail[1]
+    step = sync.step_time_s + after
+    mem = estimate_memory(r, stage_params(r))
+    return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

@@ -1,0 +1,129 @@
+"""`simulate predict RUNS.json` (its JSON lines and one-line errors), the layout planner on the
+seed's 100B case and launch/configs/gpt-10b.sh, and the published-runs table's inputs."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_lgs.lgs.plan_run import main as plan_main
+from megatron_lgs.lgs.plan_run import resolve
+from megatron_lgs.lgs.planner import candidates, fits
+from megatron_lgs.lgs.predict import predict_file
+from megatron_lgs.lgs.simulate import cli
+from megatron_lgs.lgs.stepmodel import TERMS, predict_run
+
+ROOT = Path(__file__).resolve().parents[3]
+DENSE = {"id": "dense", "gpu": "a100-80gb", "num_gpus": 16, "gpus_per_node": None,
+         "nic_gbit_per_gpu": None, "num_layers": 40, "hidden": 5120, "ffn_hidden": 13824,
+         "heads": 40, "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 4, "pp": 2,
+         "cp": None, "dp": None, "ep": None, "vpp": None, "micro_batch": 1, "global_batch": 512,
+         "recompute": None, "precision": None, "swiglu": True, "num_experts": None,
+         "moe_topk": None, "distributed_optimizer": True, "sequence_parallel": None,
+         "comment": "unknown fields are ignored"}
+MOE = {"id": "moe", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 16, "hidden": 4096,
+       "ffn_hidden": 14336, "heads": 32, "kv_heads": 8, "vocab": 32000, "seq_length": 4096,
+       "tp": 2, "pp": 2, "ep": 8, "micro_batch": 1, "global_batch": 256, "swiglu": True,
+       "num_experts": 16, "moe_topk": 2, "distributed_optimizer": True,
+       "recompute": "selective"}
+KEYS = {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu",
+        "fits_memory", "peak_memory_gb", "breakdown"}
+
+
+def _predict(runs: list, tmp_path: Path) -> tuple[int, list[dict], list[str]]:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    out, err = io.StringIO(), io.StringIO()
+    code = predict_file(path, out, err)
+    return code, [json.loads(x) for x in out.getvalue().splitlines()], \
+        err.getvalue().splitlines()
+
+
+def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([DENSE, MOE]))
+    # What `python -m megatron_lgs.lgs.simulate predict RUNS.json` runs, in-process.
+    assert cli(["predict", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    lines = [json.loads(x) for x in captured.out.splitlines()]
+    assert [x["id"] for x in lines] == ["dense", "moe"]
+    for x in lines:
+        assert set(x) == KEYS and set(x["breakdown"]) == set(TERMS)
+        assert sum(x["breakdown"].values()) == pytest.approx(x["predicted_step_time_s"],
+                                                             rel=1e-4)
+        assert 0 < x["predicted_mfu"] < 1 and isinstance(x["fits_memory"], bool)
+    assert lines[1]["breakdown"]["moe_all_to_all"] > 0 == lines[0]["breakdown"]["moe_all_to_all"]
+    assert lines[1]["breakdown"]["recompute"] > 0
+    assert cli(["predict"]) == 2  # usage
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"dp": 4}, "dp"),                       # tp x pp x cp x dp != num_gpus
+    ({"num_gpus": 30}, "num_gpus"),          # not divisible by tp x pp
+    ({"hidden": None}, "hidden"),            # missing required field
+    ({"gpu": "tpu-v5"}, "gpu"),
+    ({"recompute": "some"}, "recompute"),
+    ({"global_batch": 101}, "global_batch"),
+    ({"precision": "fp8"}, "precision"),     # A100 has no FP8
+    ({"tp": "4"}, "tp"),
+])
+def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
+                                                    field: str) -> None:
+    code, lines, err = _predict([DENSE, {**DENSE, "id": "broken", **bad}, MOE], tmp_path)
+    assert code == 2
+    assert [x["id"] for x in lines] == ["dense", "moe"]  # the others are still predicted
+    assert len(err) == 1 and "run broken" in err[0] and repr(field) in err[0]
+
+
+def test_predict_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text("{not json")
+    err = io.StringIO()
+    assert predict_file(path, io.StringIO(), err) == 2
+    assert len(err.getvalue().splitlines()) == 1
+    path.write_text(json.dumps({"id": "x"}))
+    assert predict_file(path, io.StringIO(), io.StringIO()) == 2
+
+
+@pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("launch/configs/gpt-10b.sh", 16)])
+def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    plans = plan_main(["--model", model, "--gpus", str(gpus), "--hardware", "a100-80gb",
+                       "--top", "2"])
+    out = capsys.readouterr().out
+    base, ref = resolve(model, "a100-80gb", gpus, None, None)
+    assert ref is not None and "own layout" in out and "best flags: --tensor-model" in out
+    assert plans and all(p.estimate.fits_memory for p in plans)
+    assert plans[0].estimate.step_time_s <= predict_run(ref).step_time_s
+    assert plans[0].estimate.step_time_s <= plans[-1].estimate.step_time_s
+    for q in ("ZeRO-2 vs ZeRO-3", "TP inside a node", "slower inter-node network",
+              "bucket thresholds"):
+        assert q in out
+
+
+def test_planner_never_proposes_what_does_not_fit() -> None:
+    # A 10B model on 8 x 32 GB V100s: most layouts do not fit; none of them is a candidate.
+    base, _ = resolve("launch/configs/gpt-10b.sh", "v100-32gb", 8, 64, None)
+    cands = candidates(base)
+    assert cands and all(fits(r) for _, _, r in cands)
+    from megatron_lgs.lgs.planner import layouts
+
+    assert sum(1 for r in layouts(base) if not fits(r)) > 0
+
+
+def test_published_rows_cite_and_validate() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from published_runs import published_rows
+
+    from megatron_lgs.lgs.runspec import run_from_dict
+
+    rows = published_rows()
+    assert len(rows) >= 19
+    for row in rows:
+        assert row["source"] and row["published"] > 0
+        run_from_dict(row["run"])

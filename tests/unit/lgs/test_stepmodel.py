@@ -1,0 +1,220 @@
+"""Whole-step model: each term against a hand calculation, and the model's invariants."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
+from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step
+from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, get_gpu, link_profile
+from megatron_lgs.lgs.kernels import (
+    all_to_all_time,
+    flash_attention_time,
+    gemm_efficiency,
+    gemm_time,
+)
+from megatron_lgs.lgs.runspec import run_from_dict
+from megatron_lgs.lgs.stepmemory import layer_activation_bytes, states_bytes
+from megatron_lgs.lgs.stepmodel import (
+    OPTIMIZER_BYTES_PER_PARAM,
+    compute_phase,
+    layer_cost,
+    predict_run,
+    stage_params,
+    sync_workload,
+)
+from megatron_lgs.lgs.workload import stage_backward, stage_numel
+
+A100 = get_gpu("a100-80gb")
+BASE = {"id": "t", "gpu": "a100-80gb", "num_gpus": 64, "num_layers": 16, "hidden": 4096,
+        "heads": 32, "vocab": 32000, "seq_length": 2048, "tp": 4, "pp": 2, "micro_batch": 1,
+        "global_batch": 256}
+
+
+def run(**kw):
+    return run_from_dict({**BASE, **kw})
+
+
+def test_gemm_roofline_by_hand() -> None:
+    m = n = k = 8192
+    eff = 0.86 * (8192 / (8192 + GEMM_HALF_DIM)) ** 3
+    assert gemm_efficiency(m, n, k, A100) == pytest.approx(eff)
+    assert gemm_time(m, n, k, A100, "bf16") == pytest.approx(2 * m * n * k / (312e12 * eff))
+    # A skinny GEMM is memory-bound: operands and output through HBM at 85% of 2,039 GB/s.
+    t = gemm_time(8, 8192, 8192, A100, "bf16")
+    assert t == pytest.approx(2 * (8 * 8192 + 8192 * 8192 + 8 * 8192) / (2039e9 * HBM_EFFICIENCY))
+
+
+def test_flash_attention_backward_is_2_5x_forward() -> None:
+    f, b = flash_attention_time(1e12, A100)
+    assert f == pytest.approx(1e12 / (312e12 * 0.60)) and b == pytest.approx(2.5 * f)
+
+
+def test_megatron_flops_by_hand() -> None:
+    r = run(num_gpus=8, tp=1, pp=1)
+    h, s, layers, v, tokens = 4096, 2048, 16, 32000, 256 * 2048
+    per_token = 6 * (12 * h * h) + 12 * s * h  # 4 h^2 attention + 8 h^2 MLP weights, scores
+    assert model_flops_per_step(r) == pytest.approx(tokens * (layers * per_token + 6 * h * v))
+    # Narayanan et al.'s formula with full recompute: 96 B s l h^2 (1 + s/6h + V/16lh).
+    paper = 96 * 256 * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert flops_with_full_recompute(r) == pytest.approx(paper)
+    # SwiGLU: 3 MLP matrices; GQA: K and V shrink with the groups; MoE: topk experts.
+    g = run(num_gpus=8, tp=1, pp=1, swiglu=True, ffn_hidden=8192, kv_heads=8)
+    per_token = 6 * (2 * h * h + 2 * h * 1024 + 3 * h * 8192) + 12 * s * h
+    assert model_flops_per_step(g) == pytest.approx(tokens * (layers * per_token + 6 * h * v))
+    moe = run(num_gpus=8, tp=1, pp=1, num_experts=8, moe_topk=2)
+    assert model_flops_per_step(moe) - model_flops_per_step(r) == pytest.approx(
+        tokens * layers * 6 * 8 * h * h)
+
+
+def test_tp_comm_term_by_hand() -> None:
+    r = run()
+    hw = link_profile(A100)
+    nbytes = 2048 * 4096 * 2
+    pair = reduce_scatter_time(nbytes, 4, hw.intra) + all_gather_time(nbytes, 4, hw.intra)
+    c = layer_cost(r, A100, hw)
+    assert c.fwd["tp_comm"] == pytest.approx(2 * pair) == c.bwd["tp_comm"]
+    # Across nodes the ring runs on the NIC.
+    wide = layer_cost(run(tp=16, num_gpus=64, pp=1, heads=32), A100, hw)
+    assert wide.fwd["tp_comm"] == pytest.approx(
+        2 * (reduce_scatter_time(nbytes, 16, hw.inter) + all_gather_time(nbytes, 16, hw.inter)))
+
+
+def test_cp_ring_by_hand() -> None:
+    r = run(cp=2, tp=2, heads=32)
+    hw = link_profile(A100)
+    c = layer_cost(r, A100, hw)
+    tok = 2048 / 2
+    kv = tok * 2 * 4096 / 2 * 2  # K and V of this rank's chunk, TP-sharded, BF16
+    ring = 1 * (hw.intra.alpha_s + kv / hw.intra.bandwidth_Bps)
+    assert c.fwd["cp_comm"] == pytest.approx(max(0.0, ring - c.fwd["attention"]))
+    assert c.bwd["cp_comm"] == pytest.approx(max(0.0, 2 * ring - c.bwd["attention"]))
+
+
+def test_moe_all_to_all_by_hand() -> None:
+    hw = link_profile(A100)
+    # 8 ranks, 4 inside the node: 3 NVLink peers, 4 network peers, 1/8 of the bytes each.
+    t = all_to_all_time(8e6, 8, 3, hw.intra, hw.inter)
+    assert t == pytest.approx(max(3 * (hw.intra.alpha_s + 1e6 / hw.intra.bandwidth_Bps),
+                                  4 * hw.inter.alpha_s + 4e6 / hw.inter.bandwidth_Bps))
+    r = run(num_experts=16, moe_topk=2, ep=4, tp=2, pp=1, num_gpus=16, heads=32)
+    c = layer_cost(r, A100, hw)
+    sent = 2048 / 2 * 2 * 4096 * 2  # SP-sharded tokens x topk x h x BF16
+    assert c.fwd["moe_all_to_all"] == pytest.approx(2 * all_to_all_time(sent, 4, 3, hw.intra,
+                                                                        hw.inter))
+
+
+def test_pipeline_p2p_bubble_recompute_by_hand() -> None:
+    r = run(pp=4, vpp=2, num_gpus=64, tp=4, global_batch=256)
+    costs, end, crit = compute_phase(r)
+    hw = link_profile(A100)
+    # Stage neighbours are 16 ranks apart: across nodes; s b h / tp bytes per send, 2 chunks.
+    p2p = 2 * (hw.inter.alpha_s + 2048 * 4096 * 2 / 4 / hw.inter.bandwidth_Bps)
+    assert costs[0].fwd["pp_p2p"] == pytest.approx(p2p)
+    per_mb = [c.fwd_s + c.bwd_s for c in costs]
+    m = r.num_micro_batches
+    assert end == pytest.approx(m * max(per_mb) + (sum(per_mb) - max(per_mb)) / 2)
+    est = predict_run(r)
+    assert est.breakdown["pipeline_bubble"] == pytest.approx(end - m * max(per_mb))
+    layer = layer_cost(r, A100, hw)
+    full = layer_cost(replace(r, recompute="full"), A100, hw)
+    sel = layer_cost(replace(r, recompute="selective", flash_attention=True), A100, hw)
+    assert full.bwd["recompute"] == pytest.approx(layer.fwd_s)
+    assert sel.bwd["recompute"] == pytest.approx(layer.fwd["attention"])
+
+
+def test_sync_gather_optimizer_terms_by_hand() -> None:
+    r = run(distributed_optimizer=True, overlap_param_gather=False)
+    est = predict_run(r)
+    w = sync_workload(r, link_profile(A100))
+    # The gradient sync is what the LGS replay exposes beyond the end of compute.
+    assert est.breakdown["dp_grad_sync"] == pytest.approx(
+        max(0.0, est.sync.step_time_s - est.sync.compute_end_s))
+    dense = max(stage_params(r))[0]
+    g, m = w.layout.group_shape("dense")  # TP4: 2 DP ranks per node x 4 nodes
+    assert (g, m) == (2, 4)
+    hw = link_profile(A100)
+    gather = all_gather_time(dense * 2, g, hw.intra) + all_gather_time(dense * 2 / g, m, hw.inter)
+    opt = dense / 8 * OPTIMIZER_BYTES_PER_PARAM / (2039e9 * HBM_EFFICIENCY)
+    assert est.breakdown["param_all_gather"] == pytest.approx(gather, rel=1e-6)
+    assert est.breakdown["optimizer"] == pytest.approx(opt, rel=1e-6)
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+    no_overlap = predict_run(replace(r, overlap_grad_reduce=False))
+    assert no_overlap.breakdown["dp_grad_sync"] > est.breakdown["dp_grad_sync"]
+
+
+def test_memory_by_hand_and_params_match_workload() -> None:
+    # Korthikanti et al.: 34 s b h / t + 5 a s^2 b / t per layer with SP, unfused attention.
+    r = run(flash_attention=False)
+    s, b, h, a, t = 2048, 1, 4096, 32, 4
+    full, scores, inp = layer_activation_bytes(r)
+    assert full == pytest.approx(s * b * h * 34 / t + 5 * a * s * s * b / t)
+    assert scores == pytest.approx(5 * a * s * s * b / t) and inp == pytest.approx(2 * s * h / t)
+    dense, expert = 1e9, 0.0
+    assert states_bytes(r, dense, expert) == pytest.approx(1e9 * (2 + 4 + 12))
+    assert states_bytes(replace(r, zero=1), dense, expert) == pytest.approx(1e9 * (6 + 12 / 8))
+    moe = run(num_experts=16, ep=4, pp=2, swiglu=True, kv_heads=8)
+    w = sync_workload(moe, link_profile(A100))
+    for k, (d, e) in enumerate(stage_params(moe)):
+        n = stage_numel(stage_backward(w.model, w.layout, k))
+        assert (d, e) == (n["dense"], n["expert"])
+
+
+def test_more_gpus_never_raise_per_gpu_throughput() -> None:
+    """Weak scaling over DP (same micro-batches per GPU): only communication changes, so the
+    per-GPU throughput never rises. ZeRO shards the optimizer's own work over more GPUs, so
+    there the step without the optimizer term is compared."""
+    for layout in ({"tp": 8, "pp": 4}, {"tp": 2, "pp": 1}, {"tp": 8, "pp": 2, "zero": 1},
+                   {"tp": 1, "pp": 1, "zero": 3}):
+        prev, prev_tput = None, 0.0
+        for dp in (1, 2, 4, 8, 16, 64):
+            tp, pp = layout["tp"], layout["pp"]
+            r = run(**layout, num_gpus=tp * pp * dp, global_batch=8 * dp, num_layers=32,
+                    distributed_optimizer=layout.get("zero", 0) > 0)
+            est = predict_run(r)
+            step = est.step_time_s - (est.breakdown["optimizer"] if r.zero else 0.0)
+            if prev is not None:
+                assert step >= prev * (1 - 1e-9), (layout, dp)
+                if not r.zero:
+                    assert est.tflops_per_gpu <= prev_tput * (1 + 1e-9), (layout, dp)
+            prev, prev_tput = step, est.tflops_per_gpu
+
+
+def test_recompute_never_faster() -> None:
+    for kw in ({}, {"flash_attention": False}, {"pp": 1, "tp": 8}, {"num_experts": 8, "ep": 2}):
+        steps = [predict_run(run(**kw, recompute=m)).step_time_s
+                 for m in ("none", "selective", "full")]
+        assert steps[0] <= steps[1] <= steps[2], kw
+
+
+def test_elementwise_and_unfused_attention_by_hand() -> None:
+    r = run(pp=1, num_gpus=32)  # TP4 with SP, GeLU MLP 4h, fused attention
+    hw = link_profile(A100)
+    c = layer_cost(r, A100, hw)
+    tok, h, t, f = 2048, 4096, 4, 4 * 4096
+    hbm = 2039e9 * HBM_EFFICIENCY
+    # 11 h-sized passes (norms, bias-dropout-adds) on the SP shard + GeLU read/write, BF16.
+    assert c.fwd["elementwise"] == pytest.approx((11 * tok / t * h * 2 + 2 * tok * f / t * 2)
+                                                 / hbm)
+    assert c.bwd["elementwise"] == pytest.approx((13 * tok / t * h * 2 + 3 * tok * f / t * 2)
+                                                 / hbm)
+    u = layer_cost(replace(r, flash_attention=False), A100, hw)
+    heads, d, s = 32 / t, h / 32, 2048
+    qk = gemm_time(s, s, d, A100, "bf16")
+    av = gemm_time(s, d, s, A100, "bf16")
+    assert u.fwd["attention"] == pytest.approx(heads * (qk + av))
+    score = tok * heads * s * 2
+    assert u.fwd["elementwise"] - c.fwd["elementwise"] == pytest.approx(4.5 * score / hbm)
+
+
+def test_zero3_gathers_per_micro_batch() -> None:
+    r = run(tp=1, pp=1, num_gpus=16, heads=32, zero=3, global_batch=64)
+    costs, _, _ = compute_phase(r)
+    hw = link_profile(A100)
+    dense = stage_params(r)[0][0]
+    ag = all_gather_time(dense * 2, 8, hw.intra) + all_gather_time(dense * 2 / 8, 2, hw.inter)
+    fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
+    assert costs[0].fwd["param_all_gather"] == pytest.approx(max(0.0, ag - fwd))
+    assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
