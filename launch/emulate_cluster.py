@@ -18,12 +18,13 @@ seconds (default 60) to end on their own, then SIGTERM, then SIGKILL 10 s later:
 never leaves the rest hanging.
 
 Topology. Node i is namespace `lgsec-<pid>-<hex>-n<i>` with interface `ecl0` at 10.77.0.<i+1>
-and hostname `node<i>` (in the namespace's own /etc/hosts, through `ip netns exec`'s
-/etc/netns/ files). Two nodes share one veth pair; more go through a bridge that lives in its
-own namespace (`...-br`), so nothing is added to the host's network. Every inter-node hop is
-limited both ways (node egress, and the bridge port's egress towards the node). Traffic between
-the ranks of one node goes to the node's own address and takes the kernel's local path (fast,
-unlimited). Addresses exist only inside these namespaces; nothing is routed out of them.
+and hostname `node<i>` (in the namespace's own /etc/hosts, through `ip netns exec`'s /etc/netns/
+files, where the machine's own name resolves to the node's address). Two nodes share one veth
+pair; more go through a bridge that lives in its own namespace (`...-br`), so nothing is added
+to the host's network. Every inter-node hop is limited both ways (node egress, and the bridge
+port's egress towards the node). Traffic between the ranks of one node goes to the node's own
+address and takes the kernel's local path (fast, unlimited). Addresses exist only inside these
+namespaces; nothing is routed out of them.
 
 Clean-up. Every namespace, link, hosts file and process (anything still running inside a
 namespace, e.g. a slurmd's job steps) is removed on exit, on an exception, on Ctrl-C and on
@@ -50,6 +51,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -104,7 +106,9 @@ class EmulatedCluster:
             _ip("netns", "add", node.netns)
             etc = Path("/etc/netns") / node.netns
             etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(hosts)
+            # The machine's own name resolves to the node's address inside the node, as on a
+            # real host (gloo, Slurm's srun and torch look themselves up by it).
+            (etc / "hosts").write_text(f"{hosts}{node.address} {socket.gethostname()}\n")
             self._in(node.netns, "ip", "link", "set", "lo", "up")
         if self.num_nodes == 2:
             a, b = self.nodes
@@ -176,6 +180,14 @@ class EmulatedCluster:
     def exec_args(self, node: Node | str, command: Sequence[str]) -> list[str]:
         netns = node.netns if isinstance(node, Node) else node
         return ["ip", "netns", "exec", netns, *command]
+
+    def daemon_args(self, node: Node, command: Sequence[str]) -> list[str]:
+        """Like `exec_args`, but entering only the node's network (and its /etc/hosts): `ip
+        netns exec` mounts a fresh /sys without the cgroup file systems a slurmd needs."""
+        hosts = Path("/etc/netns") / node.netns / "hosts"
+        return ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount",
+                "--propagation", "slave", "sh", "-c",
+                f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh", *command]
 
     def popen(self, node: Node, command: Sequence[str], **kwargs) -> subprocess.Popen:
         """Start `command` inside node's namespace, in its own session; stopped on exit."""
