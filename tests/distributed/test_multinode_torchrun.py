@@ -28,7 +28,7 @@ def test_dp4_across_two_nodes_matches_one_process(two_node_dp4, one_process_loss
     ("tp2xdp2", ["--tensor-model-parallel-size", "2"], "= TP 2 x PP 1 x CP 1 x DP 2"),
     ("lgs", ["--lgs", "--lgs-intra-threshold-mb", "0.05", "--lgs-inter-threshold-mb", "0.02"],
      "= TP 1 x PP 1 x CP 1 x DP 4"),
-])
+], ids=["tp2xdp2", "lgs"])
 def test_layout_across_two_nodes_matches_one_process(name, extra, layout, emulated_2x2,
                                                      one_process_losses, tmp_path, data_cache):
     save = tmp_path / name
