@@ -30,14 +30,17 @@ def _namespaces_of(pid: int) -> list[str]:
 
 
 def test_inter_node_link_runs_at_the_set_rate_and_intra_node_is_faster():
-    with emulated_cluster(nodes=2, gpus_per_node=2, inter_gbit=1.0) as c:
-        inter = c.inter_bandwidth()
-        intra = c.intra_bandwidth()
-        back = c.bandwidth(c.nodes[1], c.nodes[0], 8 << 20)
-    report(f"emulated cluster, 1 Gbit/s tbf: inter-node {inter / 1e9:.3f} Gbit/s (best of 3), "
-           f"node1->node0 {back / 1e9:.3f} Gbit/s, intra-node {intra / 1e9:.2f} Gbit/s")
-    assert 0.8e9 <= inter <= 1.2e9
-    assert back <= 1.2e9  # the reverse direction is limited too
+    # 0.5 Gbit/s: the intra-node probe is CPU-bound (a Python TCP blast through the kernel's
+    # local path), and on a loaded 2-core machine it fell to ~4 Gbit/s; 5x of 0.5 stays clear.
+    with emulated_cluster(nodes=2, gpus_per_node=2, inter_gbit=0.5) as c:
+        inter = c.inter_bandwidth(repeats=5)
+        intra = c.intra_bandwidth(repeats=5)
+        back = c.bandwidth(c.nodes[1], c.nodes[0], 4 << 20)
+    report(f"emulated cluster, 0.5 Gbit/s tbf: inter-node {inter / 1e9:.3f} Gbit/s (best of 5), "
+           f"node1->node0 {back / 1e9:.3f} Gbit/s, intra-node {intra / 1e9:.2f} Gbit/s "
+           f"(best of 5, {intra / inter:.1f}x)")
+    assert 0.4e9 <= inter <= 0.6e9
+    assert back <= 0.6e9  # the reverse direction is limited too
     assert intra >= 5 * inter
     assert not _namespaces_of(os.getpid())
 
