@@ -73,6 +73,7 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         virtual_pipeline_model_parallel_size=par.virtual_pipeline_size(cfg.model.num_layers),
+        num_distributed_optimizer_instances=cfg.optim.num_distributed_optimizer_instances,
     )
 
 

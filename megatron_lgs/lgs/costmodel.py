@@ -38,12 +38,17 @@ class HardwareProfile:
     peak_flops: float
     memory_bytes: float
     source: str
+    # A measured profile's `peak_flops` is the FLOP rate its probe achieved, so the fraction of
+    # it a run reaches is 1.0; None: a data-sheet peak, scaled by the workload's efficiency.
+    efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.peak_flops <= 0 or self.memory_bytes <= 0:
             raise ValueError("peak_flops and memory_bytes must be > 0")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
 
 def _check(p: int, n: float) -> None:
@@ -110,11 +115,14 @@ def hierarchical_allreduce(
     hw: HardwareProfile,
     inter_message_cap: float | None = None,
     all_gather: bool = True,
+    inter_reduce_scatter: bool = False,
 ) -> HierarchicalCost:
     """Two-level reduction of an n-byte bucket over g ranks per node x m nodes.
 
     Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard, then an
     intra-node all-gather of n (skipped with the distributed optimizer, which owns the shard).
+    `inter_reduce_scatter`: the inter hop is a reduce-scatter of the shard instead (what LGS
+    runs with the distributed optimizer: each rank keeps only its own 1/(g m) chunk).
     `inter_message_cap` splits the inter-node part into ceil((n/g)/cap) equal all-reduces:
     each extra message pays the inter latency again but no extra bandwidth term. That is the
     only thing the cap does in an alpha-beta model; its benefit (bounded NIC queues, less
@@ -131,7 +139,8 @@ def hierarchical_allreduce(
     if m == 1 or shard == 0:
         return HierarchicalCost(intra, 0.0, 0)
     k = 1 if inter_message_cap is None else max(1, math.ceil(shard / inter_message_cap))
-    inter = k * ring_allreduce_time(shard / k, m, hw.inter)
+    hop = reduce_scatter_time if inter_reduce_scatter else ring_allreduce_time
+    inter = k * hop(shard / k, m, hw.inter)
     return HierarchicalCost(intra, inter, k)
 
 

@@ -104,11 +104,16 @@ class Workload:
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
+    @property
+    def flop_rate(self) -> float:
+        """FLOP/s the GPU reaches: a measured profile's own rate, else peak x efficiency."""
+        return self.hw.peak_flops * (self.hw.efficiency or self.efficiency)
+
 
 def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds
              ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
     """Op spans and closed buckets (group, tensor names, bytes, ready time)."""
-    rate = w.hw.peak_flops * w.efficiency
+    rate = w.flop_rate
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     closed: list[tuple[str, list[str], int, float]] = []
@@ -141,7 +146,8 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
     for group, names, nbytes, ready in closed:
         g, m = lay.group_shape(group)
         cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
-                                      all_gather=not lay.distributed_optimizer)
+                                      all_gather=not lay.distributed_optimizer,
+                                      inter_reduce_scatter=lay.distributed_optimizer)
         start = max(ready, free)
         free = start + cost.total_s
         events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
@@ -171,7 +177,7 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     stages after the first: each of their gradient buffers is reduced as one bucket.
     """
     lay = w.layout
-    rate = w.hw.peak_flops * w.efficiency
+    rate = w.flop_rate
     stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
     tb = [sum(op.flops for op in ops) / rate for ops in stage_ops]
     tf = [forward_flops(ops) / rate for ops in stage_ops]

@@ -1,0 +1,227 @@
+"""Calibration probe: the cost model's constants measured on the machine at hand, in seconds.
+
+Collective over the job's data-parallel group, seen as nodes x ranks the way the LGS engine
+sees it (`sync.build_levels`). It measures, with the collectives the engine runs:
+
+- each level's latency and bus bandwidth: reduce-scatters of a few sizes inside every node at
+  once, then across nodes at once (the ranks of a node share its link, as in a real step),
+  fitted to the ring formula t = (p-1) alpha + (p-1)/p n / B;
+- the backward time of one transformer layer of the run's own shape (megatron-core's layer,
+  the run's TransformerConfig), which gives the FLOP rate this rank reaches.
+
+Every time is the slowest rank's (a collective ends when its last rank does) and the median
+of a few repetitions. `--lgs-hardware measured` runs this at start-up; under torchrun,
+
+    python -m megatron_lgs.lgs.calibrate --out profile.json [trainer flags]
+
+saves it for `--lgs-hardware profile.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron_lgs.lgs.costmodel import HardwareProfile, Link
+from megatron_lgs.lgs.hardware import save_profile
+from megatron_lgs.lgs.sync import Levels, build_levels
+from megatron_lgs.lgs.workload import layer_backward_flops
+
+KB = 1 << 10
+MB = 1 << 20
+INTRA_SIZES = (64 * KB, 1 * MB, 8 * MB)  # reduce-scatter input bytes per rank
+INTER_SIZES = (64 * KB, 512 * KB, 4 * MB)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    intra_sizes: tuple[int, ...] = INTRA_SIZES
+    inter_sizes: tuple[int, ...] = INTER_SIZES
+    repeats: int = 3  # timed repetitions per size, after one warm-up
+    backward_repeats: int = 5
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _timed(fn: Callable[[], None], repeats: int) -> float:
+    """Median over repetitions of the slowest rank's time of `fn` (all ranks start together)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        fn()
+        samples.append(_slowest(time.perf_counter() - started))
+    return statistics.median(samples)
+
+
+def fit_link(samples: list[tuple[int, float]], p: int) -> Link:
+    """Least-squares alpha and bus bandwidth of t = (p-1) alpha + (p-1)/p n / B.
+
+    A negative intercept (noise on small messages) is clamped to zero latency, refitting the
+    slope through the origin."""
+    if p < 2 or len(samples) < 2:
+        raise ValueError(f"need a group of >= 2 ranks and >= 2 sizes, got p={p}, "
+                         f"{len(samples)} sizes")
+    xs = [(p - 1) / p * n for n, _ in samples]
+    ts = [t for _, t in samples]
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
+    intercept = mt - slope * mx
+    if intercept < 0 or slope <= 0:
+        slope = sum(x * t for x, t in zip(xs, ts, strict=True)) / sum(x * x for x in xs)
+        intercept = 0.0
+    return Link(alpha_s=intercept / (p - 1), bandwidth_Bps=1.0 / slope)
+
+
+def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
+                repeats: int) -> list[tuple[int, float]]:
+    """(bytes, seconds) of reduce-scatters over `group`, run by every rank at once (ranks
+    outside such a group only take part in the timing's barriers)."""
+    out = []
+    for n in sizes:
+        numel = max(p, n // 4 // p * p)
+        if group is None:
+            def fn() -> None:
+                return None
+        else:
+            src = torch.ones(numel, dtype=torch.float32)
+            dst = torch.empty(numel // p, dtype=torch.float32)
+
+            def fn(src=src, dst=dst) -> None:
+                dist.reduce_scatter_single(dst, src, group=group)
+        out.append((4 * numel, _timed(fn, repeats)))
+    return out
+
+
+def probe_backward(cfg, platform, repeats: int) -> float:
+    """Median backward seconds of one megatron-core transformer layer of the run's shape, for
+    one micro-batch (slowest rank)."""
+    from megatron.core.transformer.spec_utils import build_module
+
+    from megatron_lgs.model import local_block_spec, transformer_config
+
+    config = transformer_config(cfg, platform)
+    spec = local_block_spec(cfg, config, None)
+    spec = spec.layer_specs[0] if hasattr(spec, "layer_specs") else spec
+    layer = build_module(spec, config=config, layer_number=1).to(platform.device)
+    m, t = cfg.model, cfg.training
+    seq = m.seq_length // cfg.parallel.context_parallel_size
+    if config.sequence_parallel:
+        seq //= cfg.parallel.tensor_model_parallel_size
+    x = torch.randn(seq, t.micro_batch_size, m.hidden_size, device=platform.device,
+                    dtype=config.params_dtype, requires_grad=True)
+    samples = []
+    for _ in range(repeats + 1):
+        out = layer(x, attention_mask=None)
+        out = out[0] if isinstance(out, tuple) else out
+        loss = out.float().sum()
+        if platform.is_cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        started = time.perf_counter()
+        loss.backward()
+        if platform.is_cuda:
+            torch.cuda.synchronize()
+        samples.append(_slowest(time.perf_counter() - started))
+    return statistics.median(samples[1:])
+
+
+def _memory_bytes(platform, per_node: int) -> float:
+    if platform.is_cuda:
+        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    import psutil
+
+    return float(psutil.virtual_memory().total) / per_node
+
+
+def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeConfig(),
+                    name: str = "measured") -> tuple[HardwareProfile, dict]:
+    """Probe this job's links and compute; returns the profile and the raw samples."""
+    from megatron_lgs.lgs.recommend import workload_for_config
+
+    started = time.perf_counter()
+    g, m = levels.per_node, levels.nodes
+    intra = probe_level(levels.intra, g, probe.intra_sizes, probe.repeats) if g > 1 else []
+    inter = probe_level(levels.inter, m, probe.inter_sizes, probe.repeats) if m > 1 else []
+    backward_s = probe_backward(cfg, platform, probe.backward_repeats)
+    w = workload_for_config(cfg, g)
+    flops = layer_backward_flops(w.model, w.layout)
+    intra_link = fit_link(intra, g) if intra else None
+    inter_link = fit_link(inter, m) if inter else None
+    # A level the job does not have carries no traffic; the other level's figures stand in.
+    intra_link = intra_link or inter_link or Link(0.0, 1e12)
+    inter_link = inter_link or intra_link
+    hw = HardwareProfile(
+        name=name, intra=intra_link, inter=inter_link, gpus_per_node=g,
+        peak_flops=flops / backward_s, memory_bytes=_memory_bytes(platform, g),
+        source=f"calibration probe on {m} node(s) x {g} rank(s), "
+               f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
+        efficiency=1.0)
+    measurements = {
+        "nodes": m, "ranks_per_node": g, "collective": "reduce_scatter",
+        "intra_samples": intra, "inter_samples": inter,
+        "backward_s_per_layer": backward_s, "backward_flops_per_layer": flops,
+        "layer_shape": {"hidden": cfg.model.hidden_size, "ffn": cfg.model.ffn_size,
+                        "seq": cfg.model.seq_length, "micro_batch": cfg.training.micro_batch_size},
+        "probe_seconds": time.perf_counter() - started,
+    }
+    return hw, measurements
+
+
+def describe(hw: HardwareProfile, measurements: dict) -> str:
+    def link(lk: Link) -> str:
+        return f"alpha {lk.alpha_s * 1e6:.0f} us, bus bw {lk.bandwidth_Bps * 8 / 1e9:.2f} Gbit/s"
+
+    return (f"calibration ({measurements['probe_seconds']:.1f} s): intra {link(hw.intra)}; "
+            f"inter {link(hw.inter)}; backward {1e3 * measurements['backward_s_per_layer']:.1f} "
+            f"ms/layer ({hw.peak_flops / 1e9:.1f} GFLOP/s)")
+
+
+def job_levels(cfg, per_node: int) -> Levels:
+    """The dense data-parallel group of this rank as the engine sees it (collective)."""
+    from megatron.core import parallel_state
+
+    return build_levels([parallel_state.get_data_parallel_group(with_context_parallel=True)],
+                        per_node)[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from megatron_lgs import initialize
+    from megatron_lgs.arguments import fail, parse_args
+    from megatron_lgs.lgs.sync import gpus_per_node
+    from megatron_lgs.platform import get_platform
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
+        fail("usage: python -m megatron_lgs.lgs.calibrate --out PROFILE.json [trainer flags]")
+    i = argv.index("--out")
+    out = argv[i + 1]
+    del argv[i:i + 2]
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    platform = get_platform()
+    cfg = parse_args(argv)  # a bad flag: one line, exit 2
+    initialize.init_distributed(cfg, platform)
+    per_node, _ = gpus_per_node(cfg.lgs.lgs_gpus_per_node)
+    hw, measurements = measure_profile(cfg, platform, job_levels(cfg, per_node))
+    if dist.get_rank() == 0:
+        save_profile(hw, out, measurements)
+        print(describe(hw, measurements))
+        print(f"wrote {out}")
+    initialize.destroy()
+
+
+if __name__ == "__main__":
+    main()
