@@ -108,7 +108,20 @@ def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
 
 def probe_backward(cfg, platform, repeats: int) -> float:
     """Median backward seconds of one megatron-core transformer layer of the run's shape, for
-    one micro-batch (slowest rank)."""
+    one micro-batch (slowest rank). The random streams are restored afterwards, so a probed run
+    trains exactly as an unprobed one."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    tracker = get_cuda_rng_tracker()
+    cpu_state, tracker_states = torch.get_rng_state(), tracker.get_states()
+    try:
+        return _probe_backward(cfg, platform, repeats)
+    finally:
+        torch.set_rng_state(cpu_state)
+        tracker.set_states(tracker_states)
+
+
+def _probe_backward(cfg, platform, repeats: int) -> float:
     from megatron.core.transformer.spec_utils import build_module
 
     from megatron_lgs.model import local_block_spec, transformer_config
