@@ -127,6 +127,35 @@ class Worker:
         done = time.perf_counter()
         return StepTime(done - started, computed - started, done - computed), float(loss)
 
+    def tune(self, ddp, cfg, max_steps: int) -> dict:
+        """The trainer's online tuner (`lgs.online.OnlineTuning`, decided on rank 0 and
+        broadcast) on real step times, the slowest rank's. Starts from the engine's thresholds;
+        `path` lists (trials so far, incumbent) after every decision (rank 0)."""
+        from megatron_lgs.lgs.online import OnlineTuning
+
+        tuning = OnlineTuning(cfg.lgs, ddp.lgs, log=lambda _: None)
+        start = list(ddp.lgs.thresholds_mb())
+        steps = 0
+        while steps < max_steps:
+            tuning.before_step()
+            if tuning.done:
+                break
+            t, loss = self.step(ddp)
+            tuning.after_step(steps, self.slowest(t.step), loss)
+            steps += 1
+        tuner = tuning.tuner
+        path = [] if tuner is None else [(0, start)] + [
+            (self._trials_at(tuner, i), d["thresholds_after"])
+            for i, d in enumerate(tuner.decisions)]
+        return {"start": start, "thresholds": list(ddp.lgs.thresholds_mb()), "steps": steps,
+                "trials": None if tuner is None else tuner.trials, "path": path,
+                "decisions": [] if tuner is None else tuner.decisions, "done": tuning.done}
+
+    @staticmethod
+    def _trials_at(tuner, i: int) -> int:
+        """Trials spent when decision i was taken (each comparison is a fixed number)."""
+        return (i + 1) * tuner.config.trials_per_candidate
+
     def slowest(self, seconds: float) -> float:
         t = self.torch.tensor([seconds], dtype=self.torch.float64)
         self.torch.distributed.all_reduce(t, op=self.torch.distributed.ReduceOp.MAX)
@@ -152,10 +181,11 @@ class _Null:
 def model_flags(a) -> list[str]:
     """Trainer flags of the benchmarks' GPT (distributed optimizer: megatron's two-level form
     needs it, and every scheme runs with it so they move the same bytes)."""
+    mb = a.micro_batches if isinstance(a.micro_batches, int) else a.micro_batches[0]
     return ["--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size),
             "--num-attention-heads", str(a.heads), "--seq-length", str(a.seq_length),
             "--micro-batch-size", str(a.micro_batch_size),
-            "--global-batch-size", str(a.micro_batch_size * a.world * a.micro_batches[0]),
+            "--global-batch-size", str(a.micro_batch_size * a.world * mb),
             "--vocab-size", str(a.vocab_size), "--no-save", "--use-distributed-optimizer"]
 
 

@@ -64,26 +64,6 @@ def _slowest_median_step(w: Worker, samples: list[list[float]]) -> float:
     return w.slowest(statistics.median(s[0] for s in samples))
 
 
-def _tune(w: Worker, ddp, cfg, max_steps: int) -> dict:
-    """The trainer's online tuner on real step times (slowest rank's)."""
-    from megatron_lgs.lgs.online import OnlineTuning
-
-    tuning = OnlineTuning(cfg.lgs, ddp.lgs, log=lambda _: None)
-    steps = 0
-    while not tuning.done and steps < max_steps:
-        tuning.before_step()
-        if tuning.done:
-            break
-        t, loss = w.step(ddp)
-        tuning.after_step(steps, w.slowest(t.step), loss)
-        steps += 1
-    tuning.before_step()
-    tuner = tuning.tuner
-    return {"thresholds": list(ddp.lgs.thresholds_mb()), "steps": steps,
-            "trials": None if tuner is None else tuner.trials,
-            "decisions": [] if tuner is None else tuner.decisions, "done": tuning.done}
-
-
 def worker(a: argparse.Namespace) -> None:
     import torch
 
@@ -104,19 +84,19 @@ def worker(a: argparse.Namespace) -> None:
     models = {"a no-overlap": w.build(cfg), "b megatron": w.build(replace(cfg, optim=overlap))}
 
     # (c): megatron's bucket size swept on its own, the fastest kept.
-    sweep = {}
+    sweep = {0: _slowest_median_step(w, _measure(w, models["b megatron"], a.steps))}
     for size in a.bucket_sweep:
         ddp = w.build(replace(cfg, optim=replace(overlap, ddp_bucket_size=size)))
         sweep[size] = _slowest_median_step(w, _measure(w, ddp, a.steps))
         del ddp
     best_bucket = min(sweep, key=sweep.get)
-    models["c megatron-best"] = w.build(replace(cfg, optim=replace(overlap,
-                                                                  ddp_bucket_size=best_bucket)))
+    models["c megatron-best"] = models["b megatron"] if best_bucket == 0 else w.build(
+        replace(cfg, optim=replace(overlap, ddp_bucket_size=best_bucket)))
     models["d 2-level"] = w.build(replace(cfg, optim=replace(
         overlap, num_distributed_optimizer_instances=nodes)))
     lgs = w.build(lgs_cfg)
     models["g LGS int8"] = w.build(replace(lgs_cfg, lgs=replace(lgs_cfg.lgs, lgs_compress="int8")))
-    tuned = _tune(w, lgs, lgs_cfg, a.tune_max_steps)
+    tuned = w.tune(lgs, lgs_cfg, a.tune_max_steps)
     thresholds = {"e LGS model": (rec.intra_mb, rec.inter_mb),
                   "f LGS tuned": tuple(tuned["thresholds"])}
     models["e LGS model"] = models["f LGS tuned"] = lgs
@@ -169,9 +149,12 @@ def report(gbit: float, measured: float, ranks: list[dict], a: argparse.Namespac
           f"{a.gpus_per_node} ranks, GPT {r0['numel'] / 1e6:.1f} M parameters "
           f"({4 * r0['numel'] / 2**20:.0f} MB fp32 gradients), distributed optimizer")
     print(f"# calibration (rank 0): {r0['profile']}")
-    sweep = ", ".join(f"{int(k) / 1e6:g}M {1e3 * v:.0f} ms" for k, v in r0["bucket_sweep"].items())
-    print(f"# megatron bucket sweep (params -> step): {sweep}; best {r0['best_bucket'] / 1e6:g}M;"
-          f" default: {r0['megatron_buckets']} bucket(s)")
+    def size(k) -> str:
+        return "default" if int(k) == 0 else f"{int(k) / 1e6:g}M"
+
+    sweep = ", ".join(f"{size(k)} {1e3 * v:.0f} ms" for k, v in r0["bucket_sweep"].items())
+    print(f"# megatron --ddp-bucket-size sweep (parameters -> step): {sweep}; best "
+          f"{size(r0['best_bucket'])} (the default is {r0['megatron_buckets']} bucket(s))")
     th = r0["thresholds"]
     t = r0["tuner"]
     print(f"# LGS thresholds (intra/inter MB): cost model {th['e LGS model']} (predicted step "

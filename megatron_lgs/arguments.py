@@ -632,6 +632,10 @@ def _validate_lgs(cfg: Config) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
     _validate_hardware(lgs.lgs_hardware)
+    if lgs.lgs_hardware == MEASURED and cfg.parallel.pipeline_model_parallel_size > 1:
+        raise ConfigError("--lgs-hardware measured probes a one-stage model; with pipeline "
+                          "parallelism save a profile from a run without it (python -m "
+                          "megatron_lgs.lgs.calibrate --out FILE ...) and pass the file")
     if not 0 < lgs.lgs_autotune_min_mb <= lgs.lgs_autotune_max_mb:
         raise ConfigError("--lgs-autotune-min-mb must be > 0 and <= --lgs-autotune-max-mb")
     if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:

@@ -6,8 +6,11 @@ sees it (`sync.build_levels`). It measures, with the collectives the engine runs
 - each level's latency and bus bandwidth: reduce-scatters of a few sizes inside every node at
   once, then across nodes at once (the ranks of a node share its link, as in a real step),
   fitted to the ring formula t = (p-1) alpha + (p-1)/p n / B;
-- the backward time of one transformer layer of the run's own shape (megatron-core's layer,
-  the run's TransformerConfig), which gives the FLOP rate this rank reaches.
+- the forward+backward time of a one-layer GPT of the run's own shape (megatron-core's model,
+  the run's config), which gives the FLOP rate this rank reaches and so the backward time per
+  layer;
+- how much communication slows that compute when both run at once (`overlap`: 1 where they
+  do not compete, as on a GPU; near 0 where they share saturated cores).
 
 Every time is the slowest rank's (a collective ends when its last rank does) and the median
 of a few repetitions. `--lgs-hardware measured` runs this at start-up; under torchrun,
@@ -22,9 +25,10 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -32,7 +36,7 @@ import torch.distributed as dist
 from megatron_lgs.lgs.costmodel import HardwareProfile, Link
 from megatron_lgs.lgs.hardware import save_profile
 from megatron_lgs.lgs.sync import Levels, build_levels
-from megatron_lgs.lgs.workload import layer_backward_flops
+from megatron_lgs.lgs.workload import layer_backward_flops, stage_backward
 
 KB = 1 << 10
 MB = 1 << 20
@@ -45,7 +49,7 @@ class ProbeConfig:
     intra_sizes: tuple[int, ...] = INTRA_SIZES
     inter_sizes: tuple[int, ...] = INTER_SIZES
     repeats: int = 3  # timed repetitions per size, after one warm-up
-    backward_repeats: int = 5
+    compute_repeats: int = 5
 
 
 def _slowest(seconds: float) -> float:
@@ -106,50 +110,54 @@ def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
     return out
 
 
-def probe_backward(cfg, platform, repeats: int) -> float:
-    """Median backward seconds of one megatron-core transformer layer of the run's shape, for
-    one micro-batch (slowest rank). The random streams are restored afterwards, so a probed run
-    trains exactly as an unprobed one."""
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+class _ProbeModel:
+    """A one-layer GPT of the run's shape (embedding, one megatron-core transformer layer,
+    output layer, loss: every kind of op the run has) and one micro-batch for it."""
 
-    tracker = get_cuda_rng_tracker()
-    cpu_state, tracker_states = torch.get_rng_state(), tracker.get_states()
-    try:
-        return _probe_backward(cfg, platform, repeats)
-    finally:
-        torch.set_rng_state(cpu_state)
-        tracker.set_states(tracker_states)
+    def __init__(self, cfg, platform) -> None:
+        from megatron_lgs.model import build_model
 
+        self.platform = platform
+        self.model = build_model(probe_config(cfg), platform, cfg.data.vocab_size)
+        m, t = cfg.model, cfg.training
+        g = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, cfg.data.vocab_size, (t.micro_batch_size,
+                                                             m.seq_length + 1),
+                                    generator=g).to(platform.device)
+        self.position_ids = torch.arange(m.seq_length, device=platform.device).expand(
+            t.micro_batch_size, m.seq_length)
 
-def _probe_backward(cfg, platform, repeats: int) -> float:
-    from megatron.core.transformer.spec_utils import build_module
-
-    from megatron_lgs.model import local_block_spec, transformer_config
-
-    config = transformer_config(cfg, platform)
-    spec = local_block_spec(cfg, config, None)
-    spec = spec.layer_specs[0] if hasattr(spec, "layer_specs") else spec
-    layer = build_module(spec, config=config, layer_number=1).to(platform.device)
-    m, t = cfg.model, cfg.training
-    seq = m.seq_length // cfg.parallel.context_parallel_size
-    if config.sequence_parallel:
-        seq //= cfg.parallel.tensor_model_parallel_size
-    x = torch.randn(seq, t.micro_batch_size, m.hidden_size, device=platform.device,
-                    dtype=config.params_dtype, requires_grad=True)
-    samples = []
-    for _ in range(repeats + 1):
-        out = layer(x, attention_mask=None)
-        out = out[0] if isinstance(out, tuple) else out
-        loss = out.float().sum()
-        if platform.is_cuda:
+    def step(self) -> None:
+        out = self.model(self.tokens[:, :-1], self.position_ids, None,
+                         labels=self.tokens[:, 1:])
+        out.float().mean().backward()
+        if self.platform.is_cuda:
             torch.cuda.synchronize()
+
+
+def probe_config(cfg):
+    """The run's config cut to one layer on one pipeline stage (what the probe builds)."""
+    par = replace(cfg.parallel, pipeline_model_parallel_size=1,
+                  num_layers_per_virtual_pipeline_stage=None)
+    return replace(cfg, model=replace(cfg.model, num_layers=1), parallel=par)
+
+
+def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], compute_s: float,
+                  comm_s: float, repeats: int) -> float:
+    """How much of the communication runs beside compute without slowing it: both at once
+    (the collectives on a thread, as LGS runs them), against each alone. 1: the pair takes
+    as long as the longer one; 0: as long as both in turn."""
+    samples = []
+    for _ in range(repeats):
         dist.barrier()
         started = time.perf_counter()
-        loss.backward()
-        if platform.is_cuda:
-            torch.cuda.synchronize()
-        samples.append(_slowest(time.perf_counter() - started))
-    return statistics.median(samples[1:])
+        thread = threading.Thread(target=comm)
+        thread.start()
+        compute()
+        thread.join()
+        wall = _slowest(time.perf_counter() - started)
+        samples.append((compute_s + comm_s - wall) / min(compute_s, comm_s))
+    return min(1.0, max(0.0, statistics.median(samples)))
 
 
 def _memory_bytes(platform, per_node: int) -> float:
@@ -165,13 +173,45 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
     """Probe this job's links and compute; returns the profile and the raw samples."""
     from megatron_lgs.lgs.recommend import workload_for_config
 
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        raise ValueError("the calibration probe builds a one-stage model: run it without "
+                         "pipeline parallelism")
     started = time.perf_counter()
     g, m = levels.per_node, levels.nodes
     intra = probe_level(levels.intra, g, probe.intra_sizes, probe.repeats) if g > 1 else []
     inter = probe_level(levels.inter, m, probe.inter_sizes, probe.repeats) if m > 1 else []
-    backward_s = probe_backward(cfg, platform, probe.backward_repeats)
-    w = workload_for_config(cfg, g)
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    # The probe's dropout draws must not move the run's random streams.
+    tracker = get_cuda_rng_tracker()
+    cpu_state, tracker_states = torch.get_rng_state(), tracker.get_states()
+    try:
+        probe_model = _ProbeModel(cfg, platform)
+        step_s = _timed(probe_model.step, probe.compute_repeats)
+        # The slowest level's largest collective, repeated to last about one compute step.
+        group, p, (n, t_one) = ((levels.inter, m, inter[-1]) if inter else
+                                (levels.intra, g, intra[-1]) if intra else (None, 1, (0, 0.0)))
+        overlap = 1.0
+        if group is not None:
+            k = max(1, round(step_s / t_one))
+            src, dst = torch.ones(n // 4), torch.empty(n // 4 // p)
+
+            def comm() -> None:
+                for _ in range(k):
+                    dist.reduce_scatter_single(dst, src, group=group)
+
+            overlap = probe_overlap(probe_model.step, comm, step_s, k * t_one,
+                                    probe.repeats)
+    finally:
+        torch.set_rng_state(cpu_state)
+        tracker.set_states(tracker_states)
+    # The cost model's FLOPs of that one-layer model (forward = half of backward), so the rate
+    # reproduces its measured time; a layer's backward then takes its FLOPs at that rate.
+    w = workload_for_config(probe_config(cfg), g)
+    ops = stage_backward(w.model, w.layout, 0)
+    rate = 1.5 * sum(op.flops for op in ops) / step_s
     flops = layer_backward_flops(w.model, w.layout)
+    backward_s = flops / rate
     intra_link = fit_link(intra, g) if intra else None
     inter_link = fit_link(inter, m) if inter else None
     # A level the job does not have carries no traffic; the other level's figures stand in.
@@ -179,14 +219,15 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
     inter_link = inter_link or intra_link
     hw = HardwareProfile(
         name=name, intra=intra_link, inter=inter_link, gpus_per_node=g,
-        peak_flops=flops / backward_s, memory_bytes=_memory_bytes(platform, g),
+        peak_flops=rate, memory_bytes=_memory_bytes(platform, g),
         source=f"calibration probe on {m} node(s) x {g} rank(s), "
                f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
-        efficiency=1.0)
+        efficiency=1.0, overlap=overlap)
     measurements = {
         "nodes": m, "ranks_per_node": g, "collective": "reduce_scatter",
         "intra_samples": intra, "inter_samples": inter,
-        "backward_s_per_layer": backward_s, "backward_flops_per_layer": flops,
+        "one_layer_gpt_step_s": step_s, "backward_s_per_layer": backward_s,
+        "backward_flops_per_layer": flops, "overlap": overlap,
         "layer_shape": {"hidden": cfg.model.hidden_size, "ffn": cfg.model.ffn_size,
                         "seq": cfg.model.seq_length, "micro_batch": cfg.training.micro_batch_size},
         "probe_seconds": time.perf_counter() - started,
@@ -200,7 +241,8 @@ def describe(hw: HardwareProfile, measurements: dict) -> str:
 
     return (f"calibration ({measurements['probe_seconds']:.1f} s): intra {link(hw.intra)}; "
             f"inter {link(hw.inter)}; backward {1e3 * measurements['backward_s_per_layer']:.1f} "
-            f"ms/layer ({hw.peak_flops / 1e9:.1f} GFLOP/s)")
+            f"ms/layer ({hw.peak_flops / 1e9:.1f} GFLOP/s); communication beside compute: "
+            f"overlap {hw.overlap:.2f}")
 
 
 def job_levels(cfg, per_node: int) -> Levels:

@@ -73,7 +73,8 @@ def profile_from_dict(d: Any, where: str) -> HardwareProfile:
             inter=links["inter"], gpus_per_node=gpus,
             peak_flops=_number(d, "peak_flops", where),
             memory_bytes=_number(d, "memory_bytes", where), source=str(d.get("source", where)),
-            efficiency=None if efficiency is None else _number(d, "efficiency", where))
+            efficiency=None if efficiency is None else _number(d, "efficiency", where),
+            overlap=_number(d, "overlap", where) if "overlap" in d else 1.0)
     except ProfileError:
         raise
     except ValueError as exc:  # the dataclasses' own range checks

@@ -12,7 +12,9 @@ How the step is modelled (all times are predictions):
   threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
 - Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
   capping inter-node message size; one communication channel per GPU, FIFO, overlapping compute
-  without slowing it.
+  without slowing it, unless the profile's `overlap` < 1 (compute and communication sharing
+  cores): then the communication time spent beside the backward delays the step by
+  (1 - overlap) of it.
 - Step time = max over stages of when that stage's gradients are synchronized; so the first
   stage's DP traffic is the critical one unless a later stage's traffic outlasts its slack.
 """
@@ -153,6 +155,10 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
                                   cost.inter_messages))
     bwd_end = spans[-1].end_s if spans else bwd_start
+    # Communication that runs during the backward slows it by (1 - overlap) of its length
+    # (shared cores); the slowed backward then delays everything after it by as much.
+    beside = sum(max(0.0, min(e.end_s, bwd_end) - max(e.start_s, bwd_start)) for e in events)
+    delay = (1 - w.hw.overlap) * beside
     # Unsynchronized bytes: +grad bytes when its op ends, -bucket bytes when its collective ends.
     deltas = [(s.end_s, sum(g.numel for g in op.grads) * lay.grad_bytes)
               for s, op in zip(spans, ops, strict=True)]
@@ -162,7 +168,7 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         level += d
         peak = max(peak, level)
     return StageTimeline(stage, busy, tuple(spans), tuple(events), bwd_end,
-                         max(bwd_end, free), peak)
+                         max(bwd_end, free) + delay, peak)
 
 
 # A bucket no gradient buffer reaches: the whole buffer is one bucket, one inter message.
