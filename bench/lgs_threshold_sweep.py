@@ -174,10 +174,10 @@ def main() -> None:
     p.add_argument("--png", type=Path, default=Path("lgs_threshold_sweep.png"))
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--work-dir", type=Path, help="keep node logs and rank files here")
+    if "--quick" in sys.argv:  # defaults only: flags given explicitly still win
+        p.set_defaults(grid=[2, 4, 8, 16], rounds=1, steps=2, hidden_size=256, num_layers=2,
+                       tune_max_steps=80)
     a = p.parse_args()
-    if a.quick:
-        a.grid, a.rounds, a.steps, a.hidden_size, a.num_layers = [2, 4, 8, 16], 1, 2, 256, 2
-        a.tune_max_steps = 80
     a.world = a.nodes * a.gpus_per_node
     if a.worker:
         worker(a)
