@@ -76,7 +76,7 @@ class StepTime:
 class Worker:
     """One rank's models and batches; `flags` are trainer flags (Megatron-LM names)."""
 
-    def __init__(self, flags: list[str], micro_batches: int, instances: int = 1) -> None:
+    def __init__(self, flags: list[str], micro_batches: int) -> None:
         import torch
 
         from megatron_lgs import initialize
@@ -85,13 +85,9 @@ class Worker:
 
         self.torch = torch
         self.platform = get_platform()
-        cfg = parse_args(flags)
-        # megatron's two-level form needs its groups made at start-up; models built with one
-        # instance keep using the whole data-parallel group.
-        cfg = replace(cfg, optim=replace(cfg.optim, num_distributed_optimizer_instances=instances))
-        initialize.init_distributed(cfg, self.platform)
-        initialize.set_seeds(cfg.training.seed)
-        self.cfg = replace(cfg, optim=replace(cfg.optim, num_distributed_optimizer_instances=1))
+        self.cfg = parse_args(flags)
+        initialize.init_distributed(self.cfg, self.platform)
+        initialize.set_seeds(self.cfg.training.seed)
         self.rank = torch.distributed.get_rank()
         self.micro_batches = micro_batches
         m, t = self.cfg.model, self.cfg.training
@@ -110,6 +106,26 @@ class Worker:
         [ddp] = wrap_ddp(cfg, [build_model(cfg, self.platform, cfg.data.vocab_size)], log=log)
         return ddp
 
+    def build_two_level(self, cfg, instances: int):
+        """megatron's two-level DDP (`num_distributed_optimizer_instances`). Its groups come from
+        parallel_state, and with more than one instance megatron's DDP takes the *partial*
+        data-parallel group for every model built while they are set; so they are set only
+        for this build (a DDP keeps the groups it was built with) and then put back."""
+        cfg = replace(cfg, optim=replace(cfg.optim, num_distributed_optimizer_instances=instances))
+        self._parallel_state(cfg)
+        try:
+            return self.build(cfg)
+        finally:
+            self._parallel_state(self.cfg)
+
+    def _parallel_state(self, cfg) -> None:
+        from megatron.core import parallel_state
+
+        from megatron_lgs import initialize
+
+        parallel_state.destroy_model_parallel()
+        initialize.init_distributed(cfg, self.platform)  # the process group stays
+
     def step(self, ddp) -> tuple[StepTime, float]:
         """One step of `micro_batches` micro-batches (no_sync on all but the last, as
         megatron's schedule does); returns its times and the last micro-batch's loss."""
@@ -125,7 +141,7 @@ class Worker:
         computed = time.perf_counter()
         ddp.finish_grad_sync()
         done = time.perf_counter()
-        return StepTime(done - started, computed - started, done - computed), float(loss)
+        return StepTime(done - started, computed - started, done - computed), loss.item()
 
     def tune(self, ddp, cfg, max_steps: int) -> dict:
         """The trainer's online tuner (`lgs.online.OnlineTuning`, decided on rank 0 and

@@ -71,7 +71,7 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_lgs.lgs.recommend import recommend, workload_for_config
 
     nodes, per_node = a.nodes, a.gpus_per_node
-    w = Worker(model_flags(a), a.micro_batches[0], instances=nodes)
+    w = Worker(model_flags(a), a.micro_batches[0])
     cfg = w.cfg
     hw, meas = calibrate.measure_profile(cfg, w.platform, calibrate.job_levels(cfg, per_node))
     overlap = replace(cfg.optim, overlap_grad_reduce=True)
@@ -92,8 +92,7 @@ def worker(a: argparse.Namespace) -> None:
     best_bucket = min(sweep, key=sweep.get)
     models["c megatron-best"] = models["b megatron"] if best_bucket == 0 else w.build(
         replace(cfg, optim=replace(overlap, ddp_bucket_size=best_bucket)))
-    models["d 2-level"] = w.build(replace(cfg, optim=replace(
-        overlap, num_distributed_optimizer_instances=nodes)))
+    models["d 2-level"] = w.build_two_level(replace(cfg, optim=overlap), nodes)
     lgs = w.build(lgs_cfg)
     models["g LGS int8"] = w.build(replace(lgs_cfg, lgs=replace(lgs_cfg.lgs, lgs_compress="int8")))
     tuned = w.tune(lgs, lgs_cfg, a.tune_max_steps)
