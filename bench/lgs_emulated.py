@@ -124,7 +124,7 @@ class Worker:
         from megatron_lgs import initialize
 
         parallel_state.destroy_model_parallel()
-        initialize.init_distributed(cfg, self.platform)  # the process group stays
+        initialize.init_model_parallel(cfg)
 
     def step(self, ddp) -> tuple[StepTime, float]:
         """One step of `micro_batches` micro-batches (no_sync on all but the last, as

@@ -219,6 +219,7 @@ def int8_loss_gap(a: argparse.Namespace, gbit: float, tmp: Path) -> None:
             "--num-attention-heads", str(a.heads), "--seq-length", str(a.seq_length),
             "--micro-batch-size", str(a.micro_batch_size),
             "--global-batch-size", str(a.micro_batch_size * world),
+            "--data-cache-dir", str(tmp / "data"),
             "--use-distributed-optimizer", "--lgs", "--lgs-intra-threshold-mb", "4",
             "--lgs-inter-threshold-mb", "2"]
     runs = {}
