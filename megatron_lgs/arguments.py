@@ -18,6 +18,7 @@ from typing import NoReturn
 from data_pipeline.tokenizer import MIN_VOCAB_SIZE
 from megatron_lgs.lgs.config import COMPRESSIONS, LgsConfig
 from megatron_lgs.lgs.costmodel import PROFILES
+from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.plan import WEIGHTINGS
 from megatron_lgs.stability import StabilityConfig
 
@@ -139,6 +140,9 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     ddp_bucket_size: int | None = None
+    # megatron-core's two-level form: the distributed optimizer sharded inside each of N groups
+    # of data-parallel ranks (reduce-scatter inside, all-reduce of the shard across them).
+    num_distributed_optimizer_instances: int = 1
     # ZeRO-3 (parameters sharded too): Megatron-FSDP; implies the distributed optimizer.
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
@@ -339,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--overlap-grad-reduce", o.overlap_grad_reduce)
     _add(g, "--overlap-param-gather", o.overlap_param_gather)
     _add(g, "--ddp-bucket-size", o.ddp_bucket_size, type=int)
+    _add(g, "--num-distributed-optimizer-instances", o.num_distributed_optimizer_instances,
+         help="shard the distributed optimizer inside N groups of data-parallel ranks "
+              "(e.g. one per node) and all-reduce the shards across them")
     _add(g, "--use-megatron-fsdp", o.use_megatron_fsdp,
          help="Megatron-FSDP (implies --use-distributed-optimizer)")
     _add(g, "--data-parallel-sharding-strategy", o.data_parallel_sharding_strategy,
@@ -357,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--lgs-thresholds", lgs.lgs_thresholds, choices=["manual", "auto"],
          help="auto: the cost model's optimum for this layout and --lgs-hardware")
     _add(g, "--lgs-hardware", lgs.lgs_hardware, type=str,
-         help="cost-model profile for auto (default: from the GPU; a100-hdr without one)")
+         help="cost-model profile for auto: a name, 'measured' (probe this job's links and "
+              "compute at start-up) or a profile file from python -m megatron_lgs.lgs.calibrate "
+              "(default: from the GPU; a100-hdr without one)")
     _add(g, "--lgs-layer-weighting", lgs.lgs_layer_weighting, choices=list(WEIGHTINGS))
     _add(g, "--lgs-memory-cap-mb", lgs.lgs_memory_cap_mb, type=float,
          help="most unsynchronized gradient bytes in flight")
@@ -552,6 +561,7 @@ def validate(cfg: Config) -> None:
     if o.overlap_param_gather and not o.distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     _validate_zero(cfg)
+    _validate_instances(cfg)
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
     if o.lr < o.min_lr:
@@ -621,9 +631,11 @@ def _validate_lgs(cfg: Config) -> None:
                         ("--lgs-trace-steps", lgs.lgs_trace_steps)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
-    if lgs.lgs_hardware is not None and lgs.lgs_hardware not in PROFILES:
-        raise ConfigError(f"--lgs-hardware {lgs.lgs_hardware!r} is not one of "
-                          f"{', '.join(sorted(PROFILES))}")
+    _validate_hardware(lgs.lgs_hardware)
+    if lgs.lgs_hardware == MEASURED and cfg.parallel.pipeline_model_parallel_size > 1:
+        raise ConfigError("--lgs-hardware measured probes a one-stage model; with pipeline "
+                          "parallelism save a profile from a run without it (python -m "
+                          "megatron_lgs.lgs.calibrate --out FILE ...) and pass the file")
     if not 0 < lgs.lgs_autotune_min_mb <= lgs.lgs_autotune_max_mb:
         raise ConfigError("--lgs-autotune-min-mb must be > 0 and <= --lgs-autotune-max-mb")
     if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:
@@ -635,6 +647,40 @@ def _validate_lgs(cfg: Config) -> None:
     if cfg.optim.ddp_bucket_size is not None:
         raise ConfigError("--ddp-bucket-size and --lgs both set bucket sizes; LGS plans its "
                           "buckets from --lgs-intra/inter-threshold-mb")
+
+
+def _validate_hardware(spec: str | None) -> None:
+    """--lgs-hardware: a built-in profile, `measured` or a readable profile file."""
+    if spec is None or spec in PROFILES or spec == MEASURED:
+        return
+    if not spec.endswith(".json") and not os.path.exists(spec):
+        raise ConfigError(f"--lgs-hardware {spec!r} is not one of {', '.join(sorted(PROFILES))}, "
+                          f"'{MEASURED}' or a profile file (.json)")
+    try:
+        load_profile(spec)
+    except ProfileError as exc:
+        raise ConfigError(f"--lgs-hardware {exc}") from None
+
+
+def _validate_instances(cfg: Config) -> None:
+    o, par = cfg.optim, cfg.parallel
+    n = o.num_distributed_optimizer_instances
+    if n == 1:
+        return
+    dp_cp = par.data_parallel_size * par.context_parallel_size
+    if n < 1 or dp_cp % n:
+        raise ConfigError(f"--num-distributed-optimizer-instances ({n}) must be >= 1 and divide "
+                          f"the data-parallel size ({dp_cp})")
+    if not o.use_distributed_optimizer or o.use_megatron_fsdp:
+        raise ConfigError("--num-distributed-optimizer-instances needs "
+                          "--use-distributed-optimizer (and not --use-megatron-fsdp)")
+    if cfg.lgs.lgs:
+        raise ConfigError("--num-distributed-optimizer-instances is megatron-core's own two-level "
+                          "reduction; --lgs replaces the reduction, so use one or the other")
+    if cfg.checkpoint.save or cfg.checkpoint.load:
+        raise ConfigError("--num-distributed-optimizer-instances > 1: checkpoints of replicated "
+                          "optimizer instances are not wired yet; run with --no-save and "
+                          "without --load")
 
 
 def _validate_pipeline(cfg: Config) -> None:

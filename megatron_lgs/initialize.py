@@ -65,6 +65,11 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
             timeout=timedelta(minutes=10),
         )
     initialize_rerun_state_machine(mode=RerunMode.DISABLED)
+    init_model_parallel(cfg)
+
+
+def init_model_parallel(cfg: Config) -> None:
+    """megatron-core's parallel groups for the configured sizes (the process group exists)."""
     par = cfg.parallel
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tensor_model_parallel_size,
@@ -73,6 +78,7 @@ def init_distributed(cfg: Config, platform: Platform) -> None:
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         virtual_pipeline_model_parallel_size=par.virtual_pipeline_size(cfg.model.num_layers),
+        num_distributed_optimizer_instances=cfg.optim.num_distributed_optimizer_instances,
     )
 
 

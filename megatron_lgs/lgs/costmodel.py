@@ -38,12 +38,23 @@ class HardwareProfile:
     peak_flops: float
     memory_bytes: float
     source: str
+    # A measured profile's `peak_flops` is the FLOP rate its probe achieved, so the fraction of
+    # it a run reaches is 1.0; None: a data-sheet peak, scaled by the workload's efficiency.
+    efficiency: float | None = None
+    # Fraction of communication time that runs beside the backward without slowing it: 1 on
+    # GPUs (NCCL on its own stream; the model's original assumption), measured by the probe
+    # where compute and communication share cores (gloo on a CPU): 0 means they take turns.
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.peak_flops <= 0 or self.memory_bytes <= 0:
             raise ValueError("peak_flops and memory_bytes must be > 0")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
 
 
 def _check(p: int, n: float) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from megatron_lgs.lgs import calibrate
 from megatron_lgs.lgs.config import LgsConfig
+from megatron_lgs.lgs.hardware import MEASURED
 from megatron_lgs.lgs.recommend import profile_for_device, recommend_for_config
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
@@ -27,10 +29,16 @@ def start_thresholds(cfg, engine: LgsEngine, log: Callable[[str], None]) -> None
         return
     device = torch.cuda.get_device_name() if engine.cuda else None
     profile = lgs.lgs_hardware or profile_for_device(device)
+    if profile == MEASURED:
+        from megatron_lgs.platform import get_platform
+
+        profile, measurements = calibrate.measure_profile(
+            cfg, get_platform(), calibrate.job_levels(cfg, engine.per_node))
+        log(" LGS " + calibrate.describe(profile, measurements))
     rec = recommend_for_config(cfg, engine.per_node, profile)
     engine.set_thresholds(rec.intra_mb, rec.inter_mb)
     p = rec.prediction
-    log(f" LGS thresholds from the cost model ({profile}): intra {rec.intra_mb} MB, inter "
+    log(f" LGS thresholds from the cost model ({rec.profile}): intra {rec.intra_mb} MB, inter "
         f"{rec.inter_mb} MB; predicted step {p.step_time_s:.3g} s, exposed communication "
         f"{1000 * p.exposed_comm_s:.1f} ms (a prediction)"
         + ("" if rec.fits_memory else "; no threshold fits the memory wall, smallest kept"))

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from megatron_lgs.lgs.costmodel import get_profile
+from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.grid import GRID_MB, preference, sweep
+from megatron_lgs.lgs.hardware import resolve_profile
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
@@ -66,14 +67,16 @@ def workload_for(
     *, num_layers: int, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int,
     vocab_size: int, seq_length: int, num_experts: int | None, moe_router_topk: int,
     tp: int, pp: int, dp: int, ep: int, gpus_per_node: int, micro_batch_size: int,
-    num_micro_batches: int, profile: str | None = None, num_query_groups: int | None = None,
+    num_micro_batches: int, profile: str | HardwareProfile | None = None,
+    num_query_groups: int | None = None,
     swiglu: bool = False, moe_ffn_hidden_size: int | None = None, untie_embeddings: bool = True,
     etp: int | None = None, distributed_optimizer: bool = False, efficiency: float = 0.5,
 ) -> Workload:
     """The simulator's workload from trainer-level numbers (Megatron-LM flag names).
 
-    `profile`: a name in `costmodel.PROFILES`; None means DEFAULT_PROFILE. `etp` None means
-    the tensor-parallel size, as in megatron-core.
+    `profile`: a name in `costmodel.PROFILES`, a profile file (`hardware.load_profile`) or a
+    profile; None means DEFAULT_PROFILE. `etp` None means the tensor-parallel size, as in
+    megatron-core.
     """
     model = ModelConfig(
         num_layers=num_layers, hidden=hidden_size, ffn_hidden=ffn_hidden_size,
@@ -84,7 +87,7 @@ def workload_for(
     layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp or tp, gpus_per_node=gpus_per_node,
                     micro_batch_size=micro_batch_size, num_micro_batches=num_micro_batches,
                     distributed_optimizer=distributed_optimizer)
-    return Workload(model, layout, get_profile(profile or DEFAULT_PROFILE), efficiency)
+    return Workload(model, layout, resolve_profile(profile, DEFAULT_PROFILE), efficiency)
 
 
 def recommend_thresholds(**numbers: Any) -> Recommendation:
@@ -95,7 +98,8 @@ def recommend_thresholds(**numbers: Any) -> Recommendation:
     return recommend(workload_for(**numbers))
 
 
-def workload_for_config(cfg: Config, gpus_per_node: int, profile: str | None = None,
+def workload_for_config(cfg: Config, gpus_per_node: int,
+                        profile: str | HardwareProfile | None = None,
                         efficiency: float = 0.5) -> Workload:
     """`workload_for` with the numbers of a trainer `Config` (vocabulary padded as Megatron)."""
     from megatron_lgs.model import padded_vocab_size
@@ -118,7 +122,8 @@ def workload_for_config(cfg: Config, gpus_per_node: int, profile: str | None = N
         distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency)
 
 
-def recommend_for_config(cfg: Config, gpus_per_node: int, profile: str | None = None,
+def recommend_for_config(cfg: Config, gpus_per_node: int,
+                         profile: str | HardwareProfile | None = None,
                          efficiency: float = 0.5) -> Recommendation:
     """What `--lgs-thresholds auto` starts from for the run described by `cfg`."""
     return recommend(workload_for_config(cfg, gpus_per_node, profile, efficiency))

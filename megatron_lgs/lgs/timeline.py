@@ -12,7 +12,9 @@ How the step is modelled (all times are predictions):
   threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
 - Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
   capping inter-node message size; one communication channel per GPU, FIFO, overlapping compute
-  without slowing it.
+  without slowing it, unless the profile's `overlap` < 1 (compute and communication sharing
+  cores): then the communication time spent beside the backward delays the step by
+  (1 - overlap) of it.
 - Step time = max over stages of when that stage's gradients are synchronized; so the first
   stage's DP traffic is the critical one unless a later stage's traffic outlasts its slack.
 """
@@ -105,6 +107,11 @@ class Workload:
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
+    @property
+    def flop_rate(self) -> float:
+        """FLOP/s the GPU reaches: a measured profile's own rate, else peak x efficiency."""
+        return self.hw.peak_flops * (self.hw.efficiency or self.efficiency)
+
 
 def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float
              ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
@@ -149,6 +156,10 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
                                   cost.inter_messages))
     bwd_end = spans[-1].end_s if spans else bwd_start
+    # Communication that runs during the backward slows it by (1 - overlap) of its length
+    # (shared cores); the slowed backward then delays everything after it by as much.
+    beside = sum(max(0.0, min(e.end_s, bwd_end) - max(e.start_s, bwd_start)) for e in events)
+    delay = (1 - w.hw.overlap) * beside
     # Unsynchronized bytes: +grad bytes when its op ends, -bucket bytes when its collective ends.
     deltas = [(s.end_s, sum(g.numel for g in op.grads) * lay.grad_bytes)
               for s, op in zip(spans, ops, strict=True)]
@@ -158,7 +169,7 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         level += d
         peak = max(peak, level)
     return StageTimeline(stage, busy, tuple(spans), tuple(events), bwd_end,
-                         max(bwd_end, free), peak)
+                         max(bwd_end, free) + delay, peak)
 
 
 # A bucket no gradient buffer reaches: the whole buffer is one bucket, one inter message.
@@ -174,7 +185,7 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     buffers is reduced as one bucket.
     """
     lay = w.layout
-    rate = w.hw.peak_flops * w.efficiency
+    rate = w.flop_rate
     stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
     tb = [sum(op.flops for op in ops) / rate for ops in stage_ops]
     tf = [forward_flops(ops) / rate for ops in stage_ops]

@@ -145,6 +145,11 @@ def _layer_backward(model: ModelConfig, lay: Layout, i: int) -> list[BackwardOp]
     return ops
 
 
+def layer_backward_flops(model: ModelConfig, lay: Layout) -> float:
+    """Backward FLOPs of one transformer layer for one micro-batch on one GPU."""
+    return sum(op.flops for op in _layer_backward(model, lay, 0))
+
+
 def stage_backward(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
     """Backward ops of one pipeline stage for one micro-batch, in execution order."""
     if model.num_layers % lay.pp:

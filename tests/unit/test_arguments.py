@@ -53,6 +53,14 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--lgs", "--ddp-bucket-size", "1000"], 1, "--ddp-bucket-size and --lgs"),
     (["--context-parallel-size", "2", "--seq-length", "30"], 2, "divisible by 2 x "),
     (["--lgs", "--lgs-layer-weighting", "flops"], 1, "invalid choice"),
+    (["--num-distributed-optimizer-instances", "2", "--no-save"], 2,
+     "needs --use-distributed-optimizer"),
+    (["--num-distributed-optimizer-instances", "4", "--use-distributed-optimizer", "--no-save",
+      "--global-batch-size", "48"], 6, "must be >= 1 and divide the data-parallel size (6)"),
+    (["--num-distributed-optimizer-instances", "2", "--use-distributed-optimizer"], 2,
+     "checkpoints of replicated optimizer instances are not wired yet"),
+    (["--num-distributed-optimizer-instances", "2", "--use-distributed-optimizer", "--no-save",
+      "--lgs"], 2, "--lgs replaces the reduction"),
 ])
 def test_bad_combinations_are_rejected(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

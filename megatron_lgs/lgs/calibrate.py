@@ -1,0 +1,282 @@
+"""Calibration probe: the cost model's constants measured on the machine at hand, in seconds.
+
+Collective over the job's data-parallel group, seen as nodes x ranks the way the LGS engine
+sees it (`sync.build_levels`). It measures, with the collectives the engine runs:
+
+- each level's latency and bus bandwidth: reduce-scatters of a few sizes inside every node at
+  once, then across nodes at once (the ranks of a node share its link, as in a real step),
+  fitted to the ring formula t = (p-1) alpha + (p-1)/p n / B;
+- the forward+backward time of a one-layer GPT of the run's own shape (megatron-core's model,
+  the run's config), which gives the FLOP rate this rank reaches and so the backward time per
+  layer;
+- how much communication slows that compute when both run at once (`overlap`: 1 where they
+  do not compete, as on a GPU; near 0 where they share saturated cores).
+
+Every time is the slowest rank's (a collective ends when its last rank does) and the median
+of a few repetitions. `--lgs-hardware measured` runs this at start-up; under torchrun,
+
+    python -m megatron_lgs.lgs.calibrate --out profile.json [trainer flags]
+
+saves it for `--lgs-hardware profile.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from megatron_lgs.lgs.costmodel import HardwareProfile, Link
+from megatron_lgs.lgs.hardware import save_profile
+from megatron_lgs.lgs.sync import Levels, build_levels
+from megatron_lgs.lgs.workload import layer_backward_flops, stage_backward
+
+KB = 1 << 10
+MB = 1 << 20
+INTRA_SIZES = (64 * KB, 1 * MB, 8 * MB)  # reduce-scatter input bytes per rank
+INTER_SIZES = (64 * KB, 512 * KB, 4 * MB)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    intra_sizes: tuple[int, ...] = INTRA_SIZES
+    inter_sizes: tuple[int, ...] = INTER_SIZES
+    repeats: int = 3  # timed repetitions per size, after one warm-up
+    compute_repeats: int = 5
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _timed(fn: Callable[[], None], repeats: int) -> float:
+    """Median over repetitions of the slowest rank's time of `fn` (all ranks start together)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        fn()
+        samples.append(_slowest(time.perf_counter() - started))
+    return statistics.median(samples)
+
+
+def fit_link(samples: list[tuple[int, float]], p: int) -> Link:
+    """Least-squares alpha and bus bandwidth of t = (p-1) alpha + (p-1)/p n / B.
+
+    A negative intercept (noise on small messages) is clamped to zero latency, refitting the
+    slope through the origin."""
+    if p < 2 or len(samples) < 2:
+        raise ValueError(f"need a group of >= 2 ranks and >= 2 sizes, got p={p}, "
+                         f"{len(samples)} sizes")
+    xs = [(p - 1) / p * n for n, _ in samples]
+    ts = [t for _, t in samples]
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
+    intercept = mt - slope * mx
+    if intercept < 0 or slope <= 0:
+        slope = sum(x * t for x, t in zip(xs, ts, strict=True)) / sum(x * x for x in xs)
+        intercept = 0.0
+    return Link(alpha_s=intercept / (p - 1), bandwidth_Bps=1.0 / slope)
+
+
+def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
+                repeats: int) -> list[tuple[int, float]]:
+    """(bytes, seconds) of reduce-scatters over `group`, run by every rank at once (ranks
+    outside such a group only take part in the timing's barriers)."""
+    out = []
+    for n in sizes:
+        numel = max(p, n // 4 // p * p)
+        if group is None:
+            def fn() -> None:
+                return None
+        else:
+            src = torch.ones(numel, dtype=torch.float32)
+            dst = torch.empty(numel // p, dtype=torch.float32)
+
+            def fn(src=src, dst=dst) -> None:
+                dist.reduce_scatter_single(dst, src, group=group)
+        out.append((4 * numel, _timed(fn, repeats)))
+    return out
+
+
+class _ProbeModel:
+    """A one-layer GPT of the run's shape (embedding, one megatron-core transformer layer,
+    output layer, loss: every kind of op the run has) and one micro-batch for it."""
+
+    def __init__(self, cfg, platform) -> None:
+        from megatron_lgs.model import build_model
+
+        self.platform = platform
+        self.model = build_model(probe_config(cfg), platform, cfg.data.vocab_size)
+        m, t = cfg.model, cfg.training
+        g = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, cfg.data.vocab_size, (t.micro_batch_size,
+                                                             m.seq_length + 1),
+                                    generator=g).to(platform.device)
+        self.position_ids = torch.arange(m.seq_length, device=platform.device).expand(
+            t.micro_batch_size, m.seq_length)
+
+    def step(self) -> None:
+        out = self.model(self.tokens[:, :-1], self.position_ids, None,
+                         labels=self.tokens[:, 1:])
+        out.float().mean().backward()
+        if self.platform.is_cuda:
+            torch.cuda.synchronize()
+
+
+def probe_config(cfg):
+    """The run's config cut to one layer on one pipeline stage (what the probe builds)."""
+    par = replace(cfg.parallel, pipeline_model_parallel_size=1,
+                  num_layers_per_virtual_pipeline_stage=None)
+    return replace(cfg, model=replace(cfg.model, num_layers=1), parallel=par)
+
+
+def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], compute_s: float,
+                  comm_s: float, repeats: int) -> float:
+    """How much of the communication runs beside compute without slowing it: both at once
+    (the collectives on a thread, as LGS runs them), against each alone. 1: the pair takes
+    as long as the longer one; 0: as long as both in turn."""
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        thread = threading.Thread(target=comm)
+        thread.start()
+        compute()
+        thread.join()
+        wall = _slowest(time.perf_counter() - started)
+        samples.append((compute_s + comm_s - wall) / min(compute_s, comm_s))
+    return min(1.0, max(0.0, statistics.median(samples)))
+
+
+def _memory_bytes(platform, per_node: int) -> float:
+    if platform.is_cuda:
+        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    import psutil
+
+    return float(psutil.virtual_memory().total) / per_node
+
+
+def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeConfig(),
+                    name: str = "measured") -> tuple[HardwareProfile, dict]:
+    """Probe this job's links and compute; returns the profile and the raw samples."""
+    from megatron_lgs.lgs.recommend import workload_for_config
+
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        raise ValueError("the calibration probe builds a one-stage model: run it without "
+                         "pipeline parallelism")
+    started = time.perf_counter()
+    g, m = levels.per_node, levels.nodes
+    intra = probe_level(levels.intra, g, probe.intra_sizes, probe.repeats) if g > 1 else []
+    inter = probe_level(levels.inter, m, probe.inter_sizes, probe.repeats) if m > 1 else []
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    # The probe's dropout draws must not move the run's random streams.
+    tracker = get_cuda_rng_tracker()
+    cpu_state, tracker_states = torch.get_rng_state(), tracker.get_states()
+    try:
+        probe_model = _ProbeModel(cfg, platform)
+        step_s = _timed(probe_model.step, probe.compute_repeats)
+        # The slowest level's largest collective, repeated to last about one compute step.
+        group, p, (n, t_one) = ((levels.inter, m, inter[-1]) if inter else
+                                (levels.intra, g, intra[-1]) if intra else (None, 1, (0, 0.0)))
+        overlap = 1.0
+        if group is not None:
+            k = max(1, round(step_s / t_one))
+            src, dst = torch.ones(n // 4), torch.empty(n // 4 // p)
+
+            def comm() -> None:
+                for _ in range(k):
+                    dist.reduce_scatter_single(dst, src, group=group)
+
+            overlap = probe_overlap(probe_model.step, comm, step_s, k * t_one,
+                                    probe.repeats)
+    finally:
+        torch.set_rng_state(cpu_state)
+        tracker.set_states(tracker_states)
+    # The cost model's FLOPs of that one-layer model (forward = half of backward), so the rate
+    # reproduces its measured time; a layer's backward then takes its FLOPs at that rate.
+    w = workload_for_config(probe_config(cfg), g)
+    ops = stage_backward(w.model, w.layout, 0)
+    rate = 1.5 * sum(op.flops for op in ops) / step_s
+    flops = layer_backward_flops(w.model, w.layout)
+    backward_s = flops / rate
+    intra_link = fit_link(intra, g) if intra else None
+    inter_link = fit_link(inter, m) if inter else None
+    # A level the job does not have carries no traffic; the other level's figures stand in.
+    intra_link = intra_link or inter_link or Link(0.0, 1e12)
+    inter_link = inter_link or intra_link
+    hw = HardwareProfile(
+        name=name, intra=intra_link, inter=inter_link, gpus_per_node=g,
+        peak_flops=rate, memory_bytes=_memory_bytes(platform, g),
+        source=f"calibration probe on {m} node(s) x {g} rank(s), "
+               f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
+        efficiency=1.0, overlap=overlap)
+    measurements = {
+        "nodes": m, "ranks_per_node": g, "collective": "reduce_scatter",
+        "intra_samples": intra, "inter_samples": inter,
+        "one_layer_gpt_step_s": step_s, "backward_s_per_layer": backward_s,
+        "backward_flops_per_layer": flops, "overlap": overlap,
+        "layer_shape": {"hidden": cfg.model.hidden_size, "ffn": cfg.model.ffn_size,
+                        "seq": cfg.model.seq_length, "micro_batch": cfg.training.micro_batch_size},
+        "probe_seconds": time.perf_counter() - started,
+    }
+    return hw, measurements
+
+
+def describe(hw: HardwareProfile, measurements: dict) -> str:
+    def link(lk: Link) -> str:
+        return f"alpha {lk.alpha_s * 1e6:.0f} us, bus bw {lk.bandwidth_Bps * 8 / 1e9:.2f} Gbit/s"
+
+    return (f"calibration ({measurements['probe_seconds']:.1f} s): intra {link(hw.intra)}; "
+            f"inter {link(hw.inter)}; backward {1e3 * measurements['backward_s_per_layer']:.1f} "
+            f"ms/layer ({hw.peak_flops / 1e9:.1f} GFLOP/s); communication beside compute: "
+            f"overlap {hw.overlap:.2f}")
+
+
+def job_levels(cfg, per_node: int) -> Levels:
+    """The dense data-parallel group of this rank as the engine sees it (collective)."""
+    from megatron.core import parallel_state
+
+    return build_levels([parallel_state.get_data_parallel_group(with_context_parallel=True)],
+                        per_node)[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from megatron_lgs import initialize
+    from megatron_lgs.arguments import fail, parse_args
+    from megatron_lgs.lgs.sync import gpus_per_node
+    from megatron_lgs.platform import get_platform
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
+        fail("usage: python -m megatron_lgs.lgs.calibrate --out PROFILE.json [trainer flags]")
+    i = argv.index("--out")
+    out = argv[i + 1]
+    del argv[i:i + 2]
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    platform = get_platform()
+    cfg = parse_args(argv)  # a bad flag: one line, exit 2
+    initialize.init_distributed(cfg, platform)
+    per_node, _ = gpus_per_node(cfg.lgs.lgs_gpus_per_node)
+    hw, measurements = measure_profile(cfg, platform, job_levels(cfg, per_node))
+    if dist.get_rank() == 0:
+        save_profile(hw, out, measurements)
+        print(describe(hw, measurements))
+        print(f"wrote {out}")
+    initialize.destroy()
+
+
+if __name__ == "__main__":
+    main()

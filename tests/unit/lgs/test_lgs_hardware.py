@@ -1,0 +1,131 @@
+"""Hardware profile files (save/load, bad files), the probe's fit, and the cost model's wiring
+of `--lgs-hardware PATH.json` / `measured`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_lgs.arguments import parse_args
+from megatron_lgs.lgs.calibrate import fit_link
+from megatron_lgs.lgs.costmodel import HardwareProfile, Link, reduce_scatter_time
+from megatron_lgs.lgs.hardware import (
+    ProfileError,
+    load_measurements,
+    load_profile,
+    profile_to_dict,
+    resolve_profile,
+    save_profile,
+)
+from megatron_lgs.lgs.recommend import recommend_for_config, workload_for_config
+from megatron_lgs.lgs.timeline import Thresholds, predict_step
+from tests.conftest import TINY_GPT
+
+MEASURED = HardwareProfile(
+    name="measured", intra=Link(20e-6, 2.5e9), inter=Link(400e-6, 0.06e9), gpus_per_node=2,
+    peak_flops=7.5e9, memory_bytes=6e9, source="calibration probe on 2 node(s) x 2 rank(s)",
+    efficiency=1.0, overlap=0.25)
+
+
+def test_save_load_round_trip_keeps_every_constant_and_the_samples(tmp_path):
+    samples = {"inter_samples": [[65536, 0.004], [4194304, 0.2]], "backward_s_per_layer": 0.03}
+    path = save_profile(MEASURED, tmp_path / "sub" / "cluster.json", samples)
+    assert load_profile(path) == MEASURED
+    assert load_measurements(path) == samples
+    assert resolve_profile(str(path), "a100-hdr") == MEASURED
+    assert resolve_profile(None, "a100-hdr").name == "a100-hdr"
+
+
+def _write(tmp_path, content) -> str:
+    path = tmp_path / "bad.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+def _broken(**change) -> dict:
+    d = profile_to_dict(MEASURED)
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            d[outer][inner] = value
+        else:
+            d[key] = value
+    return d
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON (line 1"),
+    ({"name": "x"}, "not a hardware profile"),
+    (_broken(version=7), "profile version 7"),
+    (_broken(**{"inter.bandwidth_Bps": -1.0}), "bandwidth_Bps must be finite and > 0"),
+    (_broken(**{"intra.alpha_s": "fast"}), "'alpha_s' must be a finite number"),
+    (_broken(inter=None), "'inter' must be an object"),
+    (_broken(gpus_per_node=1.5), "'gpus_per_node' must be an integer"),
+    (_broken(efficiency=2.0), "efficiency must be in (0, 1]"),
+    (_broken(overlap=-0.5), "overlap must be in [0, 1]"),
+])
+def test_bad_profile_file_is_one_line_naming_the_file(tmp_path, content, message):
+    path = _write(tmp_path, content)
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    text = str(err.value)
+    assert text.startswith(path) and message in text and "\n" not in text
+
+
+def test_bad_profile_flag_exits_2_in_one_line(tmp_path, capsys):
+    missing = str(tmp_path / "nope.json")
+    bad = _write(tmp_path, _broken(**{"inter.bandwidth_Bps": 0}))
+    for spec, message in ((missing, "cannot read hardware profile"),
+                          (bad, "bandwidth_Bps must be finite and > 0"),
+                          ("h300-xdr", "is not one of a100-hdr, h100-ndr, h200-ndr, 'measured'")):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(["--lgs", "--lgs-thresholds", "auto", "--lgs-hardware", spec], 1)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--lgs-hardware" in err[0] and message in err[0], err
+    with pytest.raises(SystemExit):
+        parse_args(["--lgs", "--lgs-hardware", "measured",
+                    "--pipeline-model-parallel-size", "2"], 2)
+    assert "probes a one-stage model" in capsys.readouterr().err
+
+
+def test_fit_recovers_latency_and_bandwidth_of_the_ring_formula():
+    link, p = Link(150e-6, 0.11e9), 2
+    sizes = [64 << 10, 512 << 10, 4 << 20]
+    fit = fit_link([(n, reduce_scatter_time(n, p, link)) for n in sizes], p)
+    assert fit.alpha_s == pytest.approx(link.alpha_s, rel=1e-6)
+    assert fit.bandwidth_Bps == pytest.approx(link.bandwidth_Bps, rel=1e-6)
+    # Noise that makes the intercept negative: zero latency, slope through the origin.
+    noisy = fit_link([(1 << 20, 0.001), (8 << 20, 0.05)], 4)
+    assert noisy.alpha_s == 0.0 and noisy.bandwidth_Bps > 0
+    with pytest.raises(ValueError, match=">= 2 sizes"):
+        fit_link([(1 << 20, 0.01)], 2)
+
+
+def test_profile_file_drives_the_cost_model(tmp_path):
+    path = str(save_profile(MEASURED, tmp_path / "p.json"))
+    cfg = parse_args([*TINY_GPT, "--lgs", "--lgs-thresholds", "auto", "--lgs-hardware", path,
+                      "--use-distributed-optimizer", "--global-batch-size", "16"], 4)
+    w = workload_for_config(cfg, 2, path)
+    # A measured profile's rate is what the probe reached: no data-sheet efficiency on top.
+    assert w.hw == MEASURED and w.flop_rate == MEASURED.peak_flops
+    assert recommend_for_config(cfg, 2, path) == recommend_for_config(cfg, 2, MEASURED)
+    # Halving the inter-node bandwidth slows the predicted step: the file's numbers are used.
+    slow = HardwareProfile(**{**MEASURED.__dict__, "inter": Link(400e-6, 0.03e9)})
+    th = Thresholds(1 << 20, 1 << 20)
+    assert (predict_step(workload_for_config(cfg, 2, slow), th).step_time_s
+            > predict_step(w, th).step_time_s)
+
+
+def test_overlap_below_one_charges_the_communication_beside_the_backward(tmp_path):
+    cfg = parse_args([*TINY_GPT, "--lgs", "--use-distributed-optimizer",
+                      "--global-batch-size", "16"], 4)
+    th = Thresholds(1 << 16, 1 << 16)  # small buckets: most communication runs beside compute
+    free, shared = (predict_step(workload_for_config(
+        cfg, 2, HardwareProfile(**{**MEASURED.__dict__, "overlap": o})), th) for o in (1.0, 0.0))
+    stage = free.stages[0]
+    beside = sum(max(0.0, min(b.end_s, stage.backward_end_s) - max(b.start_s, stage.ops[0].start_s))
+                 for b in stage.buckets)
+    assert beside > 0
+    assert shared.step_time_s == pytest.approx(free.step_time_s + beside)
