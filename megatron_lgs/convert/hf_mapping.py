@@ -211,9 +211,9 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         _require(not c.scale_attn_by_inverse_layer_idx and c.scale_attn_weights, "gpt2",
                  "attention scaled other than by 1/sqrt(head_dim)")
         return ModelConfig(
-            num_layers=c.n_layer, hidden_size=c.n_embd, ffn_hidden_size=c.n_inner or 4 * c.n_embd,
+            num_layers=c.n_layer, hidden_size=c.n_embd, ffn_hidden_size=_ffn(c.n_inner, c.n_embd),
             num_attention_heads=c.n_head, seq_length=c.n_positions,
-            max_position_embeddings=c.n_positions, hidden_dropout=0.0, attention_dropout=0.0,
+            hidden_dropout=0.0, attention_dropout=0.0,
             untie_embeddings_and_output_weights=not c.tie_word_embeddings)
     c = config
     rope = c.rope_parameters or {}
@@ -232,13 +232,14 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     if kind == "mixtral":
         _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
         _require(getattr(c, "sliding_window", None) is None, kind, "a sliding window")
-    groups = c.num_key_value_heads
+    groups, moe = c.num_key_value_heads, kind == "mixtral"
     return ModelConfig(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
-        ffn_hidden_size=c.intermediate_size, num_attention_heads=c.num_attention_heads,
+        ffn_hidden_size=None if moe else _ffn(c.intermediate_size, c.hidden_size),
+        num_attention_heads=c.num_attention_heads,
         group_query_attention=groups != c.num_attention_heads,
         num_query_groups=groups if groups != c.num_attention_heads else None,
-        seq_length=c.max_position_embeddings, max_position_embeddings=c.max_position_embeddings,
+        seq_length=c.max_position_embeddings,
         position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
@@ -246,6 +247,11 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         moe_ffn_hidden_size=c.intermediate_size if kind == "mixtral" else None,
         moe_router_topk=c.num_experts_per_tok if kind == "mixtral" else 2,
         moe_aux_loss_coeff=c.router_aux_loss_coef if kind == "mixtral" else 1e-2)
+
+
+def _ffn(size: int | None, hidden: int) -> int | None:
+    """None where it is the trainer's default (4 x hidden), so the flags stay short."""
+    return None if size in (None, 4 * hidden) else size
 
 
 def _require(ok: bool, kind: str, what: str) -> None:
