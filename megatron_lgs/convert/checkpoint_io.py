@@ -34,7 +34,11 @@ from megatron_lgs.run_state import RunState
 
 @contextmanager
 def single_process(seed: int = 1234) -> Iterator[None]:
-    """A world of one process (gloo, in-memory store) with megatron's groups all of size 1."""
+    """A world of one process (gloo, in-memory store) with megatron's groups all of size 1;
+    inside an enclosing one (a test's, a tool calling another) it is that one."""
+    if parallel_state.model_parallel_is_initialized():
+        yield
+        return
     owns_world = not dist.is_initialized()
     if owns_world:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
