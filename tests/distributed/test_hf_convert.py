@@ -45,6 +45,8 @@ ARCHS = {
 }
 TP2PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 PROMPTS = ["def main(", "The quick brown fox", "import os\nimport sys\n"]
+# Every test here reads the shared runs, one of which starts 4 ranks.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +72,17 @@ def world():
 
 
 @pytest.fixture(scope="module")
-def exported(runs, world, tmp_path_factory) -> dict[str, Path]:
+def sources(runs) -> dict[str, Path]:
+    """What each export reads: the latest checkpoint; for llama iteration 2, so that the round
+    trip has a next step to compare."""
+    return {**runs, "llama": runs["llama"] / "iter_0000002"}
+
+
+@pytest.fixture(scope="module")
+def exported(sources, world, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf-out")
-    return {name: export.to_hf(save, root / name) for name, save in runs.items()
-            if name != "llama"} | {"llama": _cli_export(runs["llama"], root / "llama")}
+    return {name: export.to_hf(source, root / name) for name, source in sources.items()
+            if name != "llama"} | {"llama": _cli_export(sources["llama"], root / "llama")}
 
 
 def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -98,12 +107,11 @@ def _hf(path: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
 
 
-@pytest.mark.slow  # the TP2 x PP2 case starts 4 ranks
 @pytest.mark.parametrize("name", [*ARCHS, "gqa-tp2pp2"])
-def test_logit_parity(name, runs, exported):
+def test_logit_parity(name, sources, exported):
     """transformers' logits on the exported model equal ours within 1e-4 (fp32), the padded
     vocabulary cut; the directory is what `from_pretrained` reads offline."""
-    ours, record = _ours(runs[name])
+    ours, record = _ours(sources[name])
     hf = _hf(exported[name])
     assert hf.config.vocab_size == record.vocab_size
     tokens = torch.randint(0, record.vocab_size, (2, 48),
@@ -118,11 +126,10 @@ def test_logit_parity(name, runs, exported):
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
-    run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(runs[name]))
+    run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
     assert tokenizer(PROMPTS[2]).input_ids == run_tokenizer.encode(PROMPTS[2]).ids
 
 
-@pytest.mark.slow
 def test_tp2pp2_validation_loss(runs, exported, data_cache):
     """Independent of our one-process loader: the 4-rank run's own validation loss at its last
     iteration equals transformers' loss on the same validation batch."""
@@ -148,13 +155,12 @@ def test_tp2pp2_validation_loss(runs, exported, data_cache):
 
 
 def test_round_trip_and_training_continues(runs, exported, world, tmp_path, data_cache):
-    """to-hf then from-hf (the command lines) gives back every tensor exactly, and training
-    from the imported checkpoint has the original run's next-step loss."""
+    """to-hf then from-hf (the command lines; the export is the fixture's) gives back every
+    tensor exactly, and training from the imported checkpoint has the original run's next-step
+    loss."""
     save = runs["llama"]
-    hf_dir = tmp_path / "hf"
-    assert _cli("megatron_lgs.convert", "to-hf", save / "iter_0000002", hf_dir).returncode == 0
     imported = tmp_path / "imported"
-    proc = _cli("megatron_lgs.convert", "from-hf", hf_dir, imported)
+    proc = _cli("megatron_lgs.convert", "from-hf", exported["llama"], imported)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--finetune" in proc.stdout
     original, record = _ours(save / "iter_0000002")
@@ -216,7 +222,6 @@ def test_sampling_is_seeded(runs, world):
     assert draw[0] == draw[1] != draw[2]
 
 
-@pytest.mark.slow
 def test_generate_command_from_tp2pp2(runs, exported):
     """The command line on the 4-rank checkpoint: stdout is exactly the prompt and the
     continuation transformers' greedy generate produces."""
