@@ -224,8 +224,9 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     _require(c.hidden_act == "silu", kind, f"hidden_act {c.hidden_act!r} (SwiGLU needs 'silu')")
     _require(abs(c.rms_norm_eps - NORM_EPS) < 1e-12, kind,
              f"rms_norm_eps {c.rms_norm_eps} (megatron-core's is {NORM_EPS})")
-    _require(c.head_dim * c.num_attention_heads == c.hidden_size, kind,
-             f"head_dim {c.head_dim} x {c.num_attention_heads} heads != hidden {c.hidden_size}")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    _require(head_dim * c.num_attention_heads == c.hidden_size, kind,
+             f"head_dim {head_dim} x {c.num_attention_heads} heads != hidden {c.hidden_size}")
     bias = bool(getattr(c, "attention_bias", False))
     _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
              "attention_bias != mlp_bias (the trainer's biases are all or none)")
@@ -244,7 +245,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
         num_experts=c.num_local_experts if kind == "mixtral" else None,
-        moe_ffn_hidden_size=c.intermediate_size if kind == "mixtral" else None,
+        moe_ffn_hidden_size=_ffn(c.intermediate_size, c.hidden_size) if moe else None,
         moe_router_topk=c.num_experts_per_tok if kind == "mixtral" else 2,
         moe_aux_loss_coeff=c.router_aux_loss_coef if kind == "mixtral" else 1e-2)
 
