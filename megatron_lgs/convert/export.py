@@ -30,8 +30,8 @@ def check_target(out: Path) -> None:
 def run_tokenizer(directory: Path) -> Tokenizer:
     path = directory / model_record.TOKENIZER_FILE
     if not path.is_file():
-        raise ConvertError(f"{directory} has no {model_record.TOKENIZER_FILE} (the run's "
-                           f"tokenizer); it cannot be exported without one")
+        raise ConvertError(f"{directory} has no {model_record.TOKENIZER_FILE} (a tokenizers "
+                           f"file); the model cannot be converted without its tokenizer")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises its own Exception type for a bad file
