@@ -22,6 +22,7 @@ import os
 import pickle
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -174,8 +175,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None) -> Path:
-    """Write iteration `state.iteration`; returns its directory. Collective over all ranks."""
+                    lgs: LgsEngine | None = None,
+                    describe: Callable[[Path], None] | None = None) -> Path:
+    """Write iteration `state.iteration`; returns its directory. Collective over all ranks.
+    `describe(directory)` adds rank 0's description of the model before the commit."""
     assert cfg.save is not None
     rank = dist.get_rank()
     final = checkpoint_dir(cfg.save, state.iteration)
@@ -201,6 +204,8 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     if rank == 0:
         _write_atomic(partial / RUN_STATE_FILE, state.to_json())
         _write_atomic(partial / LAYOUT_FILE, json.dumps(run_layout, indent=1))
+        if describe is not None:
+            describe(partial)
         if final.exists():  # the same iteration saved again (e.g. resumed, then exit-interval)
             shutil.rmtree(final)
         os.replace(partial, final)

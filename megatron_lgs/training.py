@@ -13,6 +13,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,16 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from data_pipeline.mixing import MixingConfig, MixingSchedule
-from megatron_lgs import checkpointing, data, initialize, memory, metrics, moe_load, stability
+from megatron_lgs import (
+    checkpointing,
+    data,
+    initialize,
+    memory,
+    metrics,
+    model_record,
+    moe_load,
+    stability,
+)
 from megatron_lgs.arguments import Config, ConfigError, fail
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
@@ -51,6 +61,7 @@ class Datasets:
     schedule: MixingSchedule | None = None
     valid_by_domain: dict[str, torch.utils.data.Dataset] = dataclasses.field(
         default_factory=dict)
+    tokenizer_file: str | None = None  # copied into every checkpoint (model_record)
 
 
 DatasetsProvider = Callable[[Config], Datasets]
@@ -294,8 +305,11 @@ class Trainer:
         self.state.stability = self.monitor.state_dict()
         if self.tuning:
             self.state.lgs_autotune = self.tuning.state_dict()
-        path = checkpointing.save_checkpoint(self.cfg.checkpoint, self.state, self.model,
-                                             self.optimizer, self.scheduler, self.lgs)
+        record = model_record.record_of(self.cfg, self.datasets.vocab_size)
+        path = checkpointing.save_checkpoint(
+            self.cfg.checkpoint, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
+            describe=partial(model_record.write, record=record,
+                             tokenizer_file=self.datasets.tokenizer_file))
         print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
 
     # -- the loop ------------------------------------------------------------------------------

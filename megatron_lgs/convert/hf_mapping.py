@@ -1,0 +1,322 @@
+"""Which `transformers` architecture each of our models is, and the tensor maps both ways.
+
+    ours (megatron-core, local spec)          transformers
+    learned + LayerNorm + GELU + biases, MHA  GPT2LMHeadModel    (tied or untied)
+    RoPE + RMSNorm + SwiGLU (biases or none)  LlamaForCausalLM   (GQA, tied or untied)
+    the same with MoE experts, no biases      MixtralForCausalLM (softmax top-k router)
+
+Everything else has no faithful target and is refused in one line (see `refusal`): the model
+would compute something else in `transformers`. Names are megatron's at TP = 1 (see
+checkpoint_io) and transformers' in-memory ones; `save_pretrained` writes its own file format.
+
+megatron's fused QKV weight holds, for each query group, that group's query heads, then its key
+head, then its value head; transformers keeps q, k and v apart (GPT-2: one [q; k; v] Conv1D
+with [in, out] weights). SwiGLU's fc1 is [gate; up], as is Mixtral's gate_up_proj.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfig
+
+from megatron_lgs.arguments import ModelConfig
+from megatron_lgs.convert.errors import ConvertError
+
+# What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
+# another value cannot be expressed on the other side.
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
+MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
+          "Llama (RoPE + RMSNorm + SwiGLU), Mixtral (Llama's with MoE experts, no biases)")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The dimensions the maps need."""
+    layers: int
+    hidden: int
+    heads: int
+    groups: int
+    ffn: int
+    experts: int | None
+    vocab: int  # the tokenizer's vocabulary (no padding)
+    tied: bool
+    bias: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def shape_of(m: ModelConfig, vocab: int) -> Shape:
+    groups = m.num_query_groups if m.group_query_attention and m.num_query_groups \
+        else m.num_attention_heads
+    ffn = (m.moe_ffn_hidden_size or m.ffn_size) if m.num_experts else m.ffn_size
+    return Shape(m.num_layers, m.hidden_size, m.num_attention_heads, groups, ffn, m.num_experts,
+                 vocab, not m.untie_embeddings_and_output_weights, m.add_bias_linear)
+
+
+def family(m: ModelConfig) -> str:
+    """gpt2 | llama | mixtral, or ConvertError naming the option that has no target."""
+    rope, rms, swiglu = (m.position_embedding_type == "rope", m.normalization == "RMSNorm",
+                         m.swiglu)
+    gqa = m.group_query_attention and m.num_query_groups not in (None, m.num_attention_heads)
+    if m.num_experts:
+        if m.moe_expert_capacity_factor is not None:
+            raise ConvertError("cannot export: --moe-expert-capacity-factor drops tokens in the "
+                               "forward pass; transformers' MoE models are dropless")
+        if m.moe_router_load_balancing_type == "sinkhorn":
+            raise ConvertError("cannot export: the sinkhorn router scores experts with a "
+                               "sigmoid at inference; Mixtral's router is a softmax top-k")
+        if not (rope and rms and swiglu and not m.add_bias_linear):
+            raise ConvertError("cannot export: MoE maps onto Mixtral, which needs RoPE, RMSNorm, "
+                               "SwiGLU experts and no linear biases; this model has "
+                               + _describe(m))
+        return "mixtral"
+    if rope and rms and swiglu:
+        return "llama"
+    if not rope and not rms and not swiglu and m.add_bias_linear and not gqa:
+        return "gpt2"
+    raise ConvertError(f"cannot export: no transformers architecture computes {_describe(m)}; "
+                       f"mapped are {MAPPED}")
+
+
+def _describe(m: ModelConfig) -> str:
+    gqa = m.group_query_attention and m.num_query_groups not in (None, m.num_attention_heads)
+    return (f"{'RoPE' if m.position_embedding_type == 'rope' else 'learned positions'} + "
+            f"{m.normalization} + {'SwiGLU' if m.swiglu else 'GELU'} + "
+            f"{'biases' if m.add_bias_linear else 'no biases'}"
+            f"{' + grouped-query attention' if gqa else ''}")
+
+
+def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> PretrainedConfig:
+    s, kind = shape_of(m, vocab), family(m)
+    max_positions = m.max_position_embeddings or m.seq_length
+    common = dict(vocab_size=vocab, bos_token_id=eod_id, eos_token_id=eod_id,
+                  tie_word_embeddings=s.tied, dtype=dtype)
+    if kind == "gpt2":
+        return GPT2Config(n_positions=max_positions, n_embd=s.hidden, n_layer=s.layers,
+                          n_head=s.heads, n_inner=s.ffn, activation_function="gelu",
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                          layer_norm_epsilon=NORM_EPS, **common)
+    llama = dict(hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
+                 num_attention_heads=s.heads, num_key_value_heads=s.groups, head_dim=s.head_dim,
+                 hidden_act="silu", max_position_embeddings=max_positions, rms_norm_eps=NORM_EPS,
+                 rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                 attention_dropout=0.0, **common)
+    if kind == "llama":
+        return LlamaConfig(attention_bias=s.bias, mlp_bias=s.bias, **llama)
+    return MixtralConfig(num_local_experts=s.experts, num_experts_per_tok=m.moe_router_topk,
+                         router_aux_loss_coef=m.moe_aux_loss_coeff, router_jitter_noise=0.0,
+                         sliding_window=None, **llama)
+
+
+# -- ours -> transformers -------------------------------------------------------------------------
+
+def _split_qkv(w: torch.Tensor, s: Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    per_group = s.heads // s.groups
+    grouped = w.reshape(s.groups, (per_group + 2) * s.head_dim, *w.shape[1:])
+    q, k, v = grouped.split([per_group * s.head_dim, s.head_dim, s.head_dim], dim=1)
+    return (q.reshape(s.heads * s.head_dim, *w.shape[1:]),
+            k.reshape(s.groups * s.head_dim, *w.shape[1:]),
+            v.reshape(s.groups * s.head_dim, *w.shape[1:]))
+
+
+def _join_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: Shape) -> torch.Tensor:
+    per_group = s.heads // s.groups
+    rest = q.shape[1:]
+    grouped = torch.cat([q.reshape(s.groups, per_group * s.head_dim, *rest),
+                         k.reshape(s.groups, s.head_dim, *rest),
+                         v.reshape(s.groups, s.head_dim, *rest)], dim=1)
+    return grouped.reshape(-1, *rest)
+
+
+def to_hf(ours: dict[str, torch.Tensor], m: ModelConfig, vocab: int) -> dict[str, torch.Tensor]:
+    """megatron's full tensors -> transformers' state dict (vocabulary padding removed)."""
+    s, kind = shape_of(m, vocab), family(m)
+    hf: dict[str, torch.Tensor] = {}
+    embed = ours["embedding.word_embeddings.weight"][:vocab]
+    output = None if s.tied else ours["output_layer.weight"][:vocab]
+    for i in range(s.layers):
+        src = f"decoder.layers.{i}."
+        if kind == "gpt2":
+            _gpt2_layer(ours, src, f"transformer.h.{i}.", s, hf)
+        else:
+            _llama_layer(ours, src, f"model.layers.{i}.", s, kind, hf)
+    if kind == "gpt2":
+        hf["transformer.wte.weight"] = embed
+        hf["transformer.wpe.weight"] = ours["embedding.position_embeddings.weight"]
+        hf["transformer.ln_f.weight"] = ours["decoder.final_layernorm.weight"]
+        hf["transformer.ln_f.bias"] = ours["decoder.final_layernorm.bias"]
+    else:
+        hf["model.embed_tokens.weight"] = embed
+        hf["model.norm.weight"] = ours["decoder.final_layernorm.weight"]
+    hf["lm_head.weight"] = embed if output is None else output
+    return {k: v.contiguous() for k, v in hf.items()}
+
+
+def _gpt2_layer(ours: dict, src: str, dst: str, s: Shape, hf: dict) -> None:
+    for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+        hf[f"{dst}{b}.weight"] = ours[f"{src}{a}.weight"]
+        hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
+    qkv_w, qkv_b = (torch.cat(_split_qkv(ours[f"{src}self_attention.linear_qkv.{p}"], s))
+                    for p in ("weight", "bias"))
+    hf[f"{dst}attn.c_attn.weight"] = qkv_w.t()  # Conv1D: [in, out]
+    hf[f"{dst}attn.c_attn.bias"] = qkv_b
+    for a, b in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
+                 ("mlp.linear_fc2", "mlp.c_proj")):
+        hf[f"{dst}{b}.weight"] = ours[f"{src}{a}.weight"].t()
+        hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
+
+
+def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) -> None:
+    hf[f"{dst}input_layernorm.weight"] = ours[f"{src}input_layernorm.weight"]
+    hf[f"{dst}post_attention_layernorm.weight"] = ours[f"{src}pre_mlp_layernorm.weight"]
+    for p in ("weight", "bias") if s.bias else ("weight",):
+        for name, t in zip(("q_proj", "k_proj", "v_proj"),
+                           _split_qkv(ours[f"{src}self_attention.linear_qkv.{p}"], s),
+                           strict=True):
+            hf[f"{dst}self_attn.{name}.{p}"] = t
+        hf[f"{dst}self_attn.o_proj.{p}"] = ours[f"{src}self_attention.linear_proj.{p}"]
+        if kind == "llama":
+            gate, up = ours[f"{src}mlp.linear_fc1.{p}"].chunk(2, dim=0)
+            hf[f"{dst}mlp.gate_proj.{p}"], hf[f"{dst}mlp.up_proj.{p}"] = gate, up
+            hf[f"{dst}mlp.down_proj.{p}"] = ours[f"{src}mlp.linear_fc2.{p}"]
+    if kind == "mixtral":
+        experts = f"{src}mlp.experts.local_experts."
+        hf[f"{dst}mlp.gate.weight"] = ours[f"{src}mlp.router.weight"]
+        hf[f"{dst}mlp.experts.gate_up_proj"] = torch.stack(
+            [ours[f"{experts}{e}.linear_fc1.weight"] for e in range(s.experts)])
+        hf[f"{dst}mlp.experts.down_proj"] = torch.stack(
+            [ours[f"{experts}{e}.linear_fc2.weight"] for e in range(s.experts)])
+
+
+# -- transformers -> ours -------------------------------------------------------------------------
+
+def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
+    """Our model flags for a transformers config, or ConvertError for what we cannot express."""
+    kind = config.model_type
+    if kind not in ("gpt2", "llama", "mixtral"):
+        archs = ", ".join(getattr(config, "architectures", None) or [kind])
+        raise ConvertError(f"cannot import {archs}: model type {kind!r} has no megatron-lgs "
+                           f"mapping; mapped are {MAPPED}")
+    if kind == "gpt2":
+        c = config
+        _require(c.activation_function == "gelu", "gpt2", f"activation_function "
+                 f"{c.activation_function!r} (the trainer's GELU is the exact, erf one: 'gelu')")
+        _require(abs(c.layer_norm_epsilon - NORM_EPS) < 1e-12, "gpt2",
+                 f"layer_norm_epsilon {c.layer_norm_epsilon} (megatron-core's is {NORM_EPS})")
+        _require(not c.scale_attn_by_inverse_layer_idx and c.scale_attn_weights, "gpt2",
+                 "attention scaled other than by 1/sqrt(head_dim)")
+        return ModelConfig(
+            num_layers=c.n_layer, hidden_size=c.n_embd, ffn_hidden_size=_ffn(c.n_inner, c.n_embd),
+            num_attention_heads=c.n_head, seq_length=c.n_positions,
+            hidden_dropout=0.0, attention_dropout=0.0,
+            untie_embeddings_and_output_weights=not c.tie_word_embeddings)
+    c = config
+    rope = c.rope_parameters or {}
+    _require(rope.get("rope_type", "default") == "default" and
+             float(rope.get("rope_theta", ROPE_THETA)) == ROPE_THETA, kind,
+             f"rope parameters {dict(rope)} (the trainer's RoPE is the default, theta "
+             f"{ROPE_THETA:g})")
+    _require(c.hidden_act == "silu", kind, f"hidden_act {c.hidden_act!r} (SwiGLU needs 'silu')")
+    _require(abs(c.rms_norm_eps - NORM_EPS) < 1e-12, kind,
+             f"rms_norm_eps {c.rms_norm_eps} (megatron-core's is {NORM_EPS})")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    _require(head_dim * c.num_attention_heads == c.hidden_size, kind,
+             f"head_dim {head_dim} x {c.num_attention_heads} heads != hidden {c.hidden_size}")
+    bias = bool(getattr(c, "attention_bias", False))
+    _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
+             "attention_bias != mlp_bias (the trainer's biases are all or none)")
+    if kind == "mixtral":
+        _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
+        _require(getattr(c, "sliding_window", None) is None, kind, "a sliding window")
+    groups, moe = c.num_key_value_heads, kind == "mixtral"
+    return ModelConfig(
+        num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+        ffn_hidden_size=None if moe else _ffn(c.intermediate_size, c.hidden_size),
+        num_attention_heads=c.num_attention_heads,
+        group_query_attention=groups != c.num_attention_heads,
+        num_query_groups=groups if groups != c.num_attention_heads else None,
+        seq_length=c.max_position_embeddings,
+        position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
+        add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        num_experts=c.num_local_experts if kind == "mixtral" else None,
+        moe_ffn_hidden_size=_ffn(c.intermediate_size, c.hidden_size) if moe else None,
+        moe_router_topk=c.num_experts_per_tok if kind == "mixtral" else 2,
+        moe_aux_loss_coeff=c.router_aux_loss_coef if kind == "mixtral" else 1e-2)
+
+
+def _ffn(size: int | None, hidden: int) -> int | None:
+    """None where it is the trainer's default (4 x hidden), so the flags stay short."""
+    return None if size in (None, 4 * hidden) else size
+
+
+def _require(ok: bool, kind: str, what: str) -> None:
+    if not ok:
+        raise ConvertError(f"cannot import this {kind} model faithfully: {what}")
+
+
+def from_hf(hf: dict[str, torch.Tensor], m: ModelConfig, vocab: int,
+            padded_vocab: int) -> dict[str, torch.Tensor]:
+    """transformers' state dict -> megatron's full tensors. The padded vocabulary rows that an
+    export dropped come back as zeros."""
+    s, kind = shape_of(m, vocab), family(m)
+    ours: dict[str, torch.Tensor] = {}
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros(padded_vocab - t.shape[0], *t.shape[1:])])
+
+    pre = "transformer." if kind == "gpt2" else "model."
+    embed = hf[f"{pre}wte.weight" if kind == "gpt2" else f"{pre}embed_tokens.weight"]
+    ours["embedding.word_embeddings.weight"] = pad(embed)
+    if not s.tied:
+        ours["output_layer.weight"] = pad(hf["lm_head.weight"])
+    for i in range(s.layers):
+        dst = f"decoder.layers.{i}."
+        if kind == "gpt2":
+            _gpt2_layer_back(hf, f"transformer.h.{i}.", dst, s, ours)
+        else:
+            _llama_layer_back(hf, f"model.layers.{i}.", dst, s, kind, ours)
+    if kind == "gpt2":
+        ours["embedding.position_embeddings.weight"] = hf["transformer.wpe.weight"]
+        ours["decoder.final_layernorm.weight"] = hf["transformer.ln_f.weight"]
+        ours["decoder.final_layernorm.bias"] = hf["transformer.ln_f.bias"]
+    else:
+        ours["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    return {k: v.contiguous() for k, v in ours.items()}
+
+
+def _gpt2_layer_back(hf: dict, src: str, dst: str, s: Shape, ours: dict) -> None:
+    for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+        ours[f"{dst}{a}.weight"] = hf[f"{src}{b}.weight"]
+        ours[f"{dst}{a}.bias"] = hf[f"{src}{b}.bias"]
+    w, b = hf[f"{src}attn.c_attn.weight"].t(), hf[f"{src}attn.c_attn.bias"]
+    ours[f"{dst}self_attention.linear_qkv.weight"] = _join_qkv(*w.chunk(3, dim=0), s)
+    ours[f"{dst}self_attention.linear_qkv.bias"] = _join_qkv(*b.chunk(3, dim=0), s)
+    for a, b_ in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
+                  ("mlp.linear_fc2", "mlp.c_proj")):
+        ours[f"{dst}{a}.weight"] = hf[f"{src}{b_}.weight"].t()
+        ours[f"{dst}{a}.bias"] = hf[f"{src}{b_}.bias"]
+
+
+def _llama_layer_back(hf: dict, src: str, dst: str, s: Shape, kind: str, ours: dict) -> None:
+    ours[f"{dst}input_layernorm.weight"] = hf[f"{src}input_layernorm.weight"]
+    ours[f"{dst}pre_mlp_layernorm.weight"] = hf[f"{src}post_attention_layernorm.weight"]
+    for p in ("weight", "bias") if s.bias else ("weight",):
+        ours[f"{dst}self_attention.linear_qkv.{p}"] = _join_qkv(
+            *(hf[f"{src}self_attn.{n}.{p}"] for n in ("q_proj", "k_proj", "v_proj")), s)
+        ours[f"{dst}self_attention.linear_proj.{p}"] = hf[f"{src}self_attn.o_proj.{p}"]
+        if kind == "llama":
+            ours[f"{dst}mlp.linear_fc1.{p}"] = torch.cat(
+                [hf[f"{src}mlp.gate_proj.{p}"], hf[f"{src}mlp.up_proj.{p}"]])
+            ours[f"{dst}mlp.linear_fc2.{p}"] = hf[f"{src}mlp.down_proj.{p}"]
+    if kind == "mixtral":
+        ours[f"{dst}mlp.router.weight"] = hf[f"{src}mlp.gate.weight"]
+        for e in range(s.experts):
+            experts = f"{dst}mlp.experts.local_experts.{e}."
+            ours[f"{experts}linear_fc1.weight"] = hf[f"{src}mlp.experts.gate_up_proj"][e]
+            ours[f"{experts}linear_fc2.weight"] = hf[f"{src}mlp.experts.down_proj"][e]

@@ -1,0 +1,92 @@
+"""Which of our models map onto which transformers architecture, and what is refused (no model
+is built: the table alone)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import GPT2Config, LlamaConfig, MixtralConfig, OPTConfig
+
+import megatron_lgs  # noqa: F401
+from megatron_lgs.arguments import ModelConfig
+from megatron_lgs.convert import hf_mapping
+from megatron_lgs.convert.errors import ConvertError
+
+GPT2 = ModelConfig()
+LLAMA = ModelConfig(position_embedding_type="rope", normalization="RMSNorm", swiglu=True)
+MIXTRAL = replace(LLAMA, add_bias_linear=False, num_experts=4)
+
+
+@pytest.mark.parametrize("model, family", [
+    (GPT2, "gpt2"),
+    (replace(GPT2, untie_embeddings_and_output_weights=True), "gpt2"),
+    (LLAMA, "llama"),
+    (replace(LLAMA, add_bias_linear=False, group_query_attention=True, num_query_groups=2),
+     "llama"),
+    (MIXTRAL, "mixtral"),
+])
+def test_mapped(model, family):
+    assert hf_mapping.family(model) == family
+
+
+@pytest.mark.parametrize("model, reason", [
+    (replace(GPT2, position_embedding_type="rope"), "no transformers architecture"),
+    (replace(GPT2, normalization="RMSNorm"), "no transformers architecture"),
+    (replace(GPT2, swiglu=True), "no transformers architecture"),
+    (replace(GPT2, add_bias_linear=False), "no transformers architecture"),
+    (replace(GPT2, group_query_attention=True, num_query_groups=2), "grouped-query"),
+    (replace(LLAMA, normalization="LayerNorm"), "no transformers architecture"),
+    (replace(MIXTRAL, moe_expert_capacity_factor=1.0), "dropless"),
+    (replace(MIXTRAL, moe_router_load_balancing_type="sinkhorn"), "sigmoid"),
+    (replace(MIXTRAL, add_bias_linear=True), "Mixtral"),
+    (replace(MIXTRAL, normalization="LayerNorm"), "Mixtral"),
+])
+def test_refused_in_one_line(model, reason):
+    with pytest.raises(ConvertError, match=reason) as info:
+        hf_mapping.family(model)
+    assert "\n" not in str(info.value)
+
+
+def _llama(**kwargs) -> LlamaConfig:
+    return LlamaConfig(**{"rms_norm_eps": 1e-5, **kwargs})
+
+
+def _mixtral(**kwargs) -> MixtralConfig:
+    return MixtralConfig(rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                                                             "rope_theta": 10000.0}, **kwargs)
+
+
+@pytest.mark.parametrize("config, reason", [
+    (OPTConfig(), "model type 'opt'"),
+    (GPT2Config(), "gelu_new"),
+    (GPT2Config(activation_function="gelu", layer_norm_epsilon=1e-6), "layer_norm_epsilon"),
+    (_llama(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), "rope"),
+    (_llama(rms_norm_eps=1e-6), "rms_norm_eps"),
+    (_llama(attention_bias=True, mlp_bias=False), "all or none"),
+    (_llama(hidden_act="gelu"), "hidden_act"),
+    (_mixtral(router_jitter_noise=0.1), "jitter"),
+    (_mixtral(sliding_window=4096), "sliding window"),
+])
+def test_import_refuses(config, reason):
+    with pytest.raises(ConvertError, match=reason):
+        hf_mapping.model_config_from_hf(config)
+
+
+@pytest.mark.parametrize("model", [GPT2, LLAMA, replace(LLAMA, group_query_attention=True,
+                                                        num_query_groups=2), MIXTRAL])
+def test_config_round_trip(model):
+    """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
+    config = hf_mapping.hf_config(model, 512, 0, "float32")
+    assert hf_mapping.model_config_from_hf(config) == model
+
+
+def test_qkv_split_join_inverse():
+    s = hf_mapping.Shape(1, 64, 8, 2, 256, None, 512, True, True)
+    w = torch.randn((8 + 2 * 2) * 8, 64)
+    q, k, v = hf_mapping._split_qkv(w, s)
+    assert (q.shape[0], k.shape[0], v.shape[0]) == (64, 16, 16)
+    # group 1's first query head is the 5th query head, after group 0's 4 heads + k + v
+    assert torch.equal(q[4 * 8:5 * 8], w[6 * 8:7 * 8])
+    assert torch.equal(hf_mapping._join_qkv(q, k, v, s), w)
