@@ -34,7 +34,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
-from megatron_lgs import optimizer_checkpoint
+from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.run_state import RunState
@@ -123,6 +123,8 @@ def _model_keys(model: list) -> list[str]:
 
 def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
                         is_loading: bool) -> dict:
+    if fsdp_checkpoint.is_fsdp(model):  # ZeRO-3: every rank's shards, in the same format
+        return fsdp_checkpoint.sharded_state_dict(model, optimizer, is_loading)
     # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers,
     # nor (sharded tensors carry global names and offsets) on the parallel layout.
     state = {key: chunk.sharded_state_dict()
@@ -139,8 +141,14 @@ def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
 
 def layout(model) -> dict[str, object]:
     """The parallel layout of this run (collective: gathers each rank's bucket count)."""
-    buckets = sum(len(b.buckets) for chunk in model
-                  for b in chunk.buffers + chunk.expert_parallel_buffers)
+    if fsdp_checkpoint.is_fsdp(model):
+        buckets = sum(len(chunk.param_and_grad_buffer.parameter_groups) for chunk in model)
+        sharding = f"megatron_fsdp:{model[0].ddp_config.data_parallel_sharding_strategy}"
+    else:
+        buckets = sum(len(b.buckets) for chunk in model
+                      for b in chunk.buffers + chunk.expert_parallel_buffers)
+        sharding = ("distributed_optimizer" if model[0].ddp_config.use_distributed_optimizer
+                    else "none")
     per_rank: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(per_rank, buckets)
     ps = parallel_state
@@ -153,6 +161,7 @@ def layout(model) -> dict[str, object]:
         "data_parallel_size": ps.get_data_parallel_world_size(),
         "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
         "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
+        "optimizer_sharding": sharding,
         "grad_buckets_per_rank": per_rank,
     }
 
@@ -160,7 +169,8 @@ def layout(model) -> dict[str, object]:
 def _describe(record: dict) -> str:
     return (f"TP{record['tensor_model_parallel_size']} x PP{record['pipeline_model_parallel_size']}"
             f" x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
-            f"EP{record['expert_model_parallel_size']}")
+            f"EP{record['expert_model_parallel_size']}, optimizer sharding "
+            f"{record.get('optimizer_sharding', 'unrecorded')}")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -247,12 +257,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"--load {directory}: saved as {_describe(saved_layout)}, cannot be "
                           f"read as {_describe(run_layout)}: {reason}") from None
-    for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
-        chunk.load_state_dict(loaded[key])
-    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
-        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
-    elif load_optim:
-        optimizer.load_state_dict(loaded["optimizer"])
+    if fsdp_checkpoint.is_fsdp(model):
+        fsdp_checkpoint.load_state_dict(model, optimizer, sharded, loaded, load_optim)
+    else:
+        _load_unsharded(model, optimizer, sharded, loaded, load_optim)
     if cfg.finetune:
         return True
 
@@ -263,8 +271,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
                  "iterations_to_skip", "stability", "data_mix", "lgs_autotune"):
         setattr(state, name, getattr(saved, name))
-    same_layout = {k: v for k, v in saved_layout.items() if k != "grad_buckets_per_rank"} == \
-        {k: v for k, v in run_layout.items() if k != "grad_buckets_per_rank"}
+    # Buckets and ZeRO stage do not decide which rank computes what: the RNG streams still fit.
+    free = ("grad_buckets_per_rank", "optimizer_sharding")
+    same_layout = {k: v for k, v in saved_layout.items() if k not in free} == \
+        {k: v for k, v in run_layout.items() if k not in free}
     if not cfg.no_load_rng and not same_layout:
         # Each rank's RNG streams belong to its place in the saved layout (dropout masks of a
         # tensor-parallel shard, of a pipeline stage): none of them is this rank's stream.
@@ -284,3 +294,14 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         except ValueError as exc:
             raise ConfigError(f"{lgs_file}: {exc}") from None
     return True
+
+
+def _load_unsharded(model: list, optimizer: MegatronOptimizer, sharded: dict, loaded: dict,
+                    load_optim: bool) -> None:
+    """Megatron DDP's chunks (optionally with the distributed optimizer): what was read."""
+    for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
+        chunk.load_state_dict(loaded[key])
+    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
+        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
+    elif load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])
