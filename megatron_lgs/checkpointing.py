@@ -17,6 +17,7 @@ torch loads it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.core import CheckpointingException
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -37,6 +39,7 @@ from torch.distributed.checkpoint.api import CheckpointException as DcpException
 from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.lgs.sync import LgsEngine
+from megatron_lgs.platform import use_forked_save_queue
 from megatron_lgs.run_state import RunState
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -182,10 +185,36 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class AsyncSaves:
+    """--async-save: megatron-core's AsyncCallsQueue, whose TemporalAsyncCaller forks a writer
+    per save (the fork is the snapshot: training then changes its own pages only). A save's
+    commit (dist_checkpointing's metadata, then our run state, layout, rename and tracker) runs
+    in `poll` or `wait` once every rank's writer has finished. Both are collective: every rank
+    calls them at the same points of the loop."""
+
+    def __init__(self) -> None:
+        use_forked_save_queue()
+        self.calls = AsyncCallsQueue(persistent=False)
+
+    def poll(self) -> None:
+        """Commit the saves whose writes are complete on every rank, without waiting."""
+        self.calls.maybe_finalize_async_calls(blocking=False)
+
+    def wait(self) -> None:
+        """Commit every save in flight, waiting for its writers."""
+        self.calls.maybe_finalize_async_calls(blocking=True)
+
+    @property
+    def in_flight(self) -> int:
+        return self.calls.get_num_unfinalized_calls()
+
+
 def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None) -> Path:
-    """Write iteration `state.iteration`; returns its directory. Collective over all ranks."""
+                    lgs: LgsEngine | None = None, async_saves: AsyncSaves | None = None) -> Path:
+    """Write iteration `state.iteration`; returns its directory. Collective over all ranks.
+    With `async_saves` it returns once the tensors are handed to the writers; the directory
+    and the tracker appear when `async_saves` commits it."""
     assert cfg.save is not None
     rank = dist.get_rank()
     final = checkpoint_dir(cfg.save, state.iteration)
@@ -199,25 +228,41 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     run_layout = layout(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
                                   is_loading=False)
-    dist_checkpointing.save(sharded, str(partial))
+    request = dist_checkpointing.save(sharded, str(partial),
+                                      async_sharded_save=async_saves is not None)
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank_{rank:05d}.pt")
     if lgs is not None:  # INT8 error-feedback residuals: per rank, like the RNG streams
         (partial / "lgs").mkdir(exist_ok=True)
         torch.save(lgs.state_dict(), partial / "lgs" / f"rank_{rank:05d}.pt")
+    # The run state as of this save, not as of its commit (training has moved on by then).
+    commit = functools.partial(_commit, Path(cfg.save), partial, final, state.iteration,
+                               state.to_json(), json.dumps(run_layout, indent=1))
+    if async_saves is not None:
+        request.add_finalize_fn(commit)
+        async_saves.calls.schedule_async_request(request)
+        _fault_point("save:in_flight", state.iteration)
+        return final
     _fault_point("save:after_shards", state.iteration)
-    dist.barrier()
+    dist.barrier()  # every rank's files are written
+    commit()
+    return final
 
-    if rank == 0:
-        _write_atomic(partial / RUN_STATE_FILE, state.to_json())
-        _write_atomic(partial / LAYOUT_FILE, json.dumps(run_layout, indent=1))
+
+def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: str,
+            run_layout: str) -> None:
+    """Make a fully written checkpoint the one in charge (collective)."""
+    if dist.get_rank() == 0:
+        _write_atomic(partial / RUN_STATE_FILE, run_state)
+        _write_atomic(partial / LAYOUT_FILE, run_layout)
         if final.exists():  # the same iteration saved again (e.g. resumed, then exit-interval)
             shutil.rmtree(final)
         os.replace(partial, final)
-        _write_atomic(Path(cfg.save) / TRACKER_FILE, str(state.iteration))
+        _write_atomic(root / TRACKER_FILE, str(iteration))
     dist.barrier()
-    _fault_point("save:after_commit", state.iteration)
-    return final
+    if dist.get_rank() == dist.get_world_size() - 1:
+        print(f" saved checkpoint at iteration {iteration} to {final}", flush=True)
+    _fault_point("save:after_commit", iteration)
 
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,

@@ -31,3 +31,12 @@ def test_lgs_overlap_bench_prints_its_ratios():
     for scheme in ("no overlap", "megatron", "LGS"):
         assert f"\n{scheme} " in proc.stdout
     assert "ratio LGS exposed / no-overlap exposed:" in proc.stdout
+
+
+def test_async_save_bench_prints_its_ratio(data_cache):
+    proc = subprocess.run(
+        [sys.executable, "bench/async_save.py", "--rounds", "1", "--steps", "2",
+         *TINY_GPT, "--data-cache-dir", data_cache],
+        cwd=REPO, env=_base_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio async stall / sync save:" in proc.stdout
