@@ -1,8 +1,10 @@
 """ZeRO-3 (Megatron-FSDP) checkpoints and asynchronous saves, DP=2 with real processes.
 
 One uninterrupted ZeRO-3 run of 20 steps with synchronous saves every 5 is the reference of
-every check: the SIGKILLed-and-resumed run, the reshard to ZeRO-1 and back, and the runs with
---async-save (same losses, same checkpoint bytes, a kill while a save is in flight).
+every check. A second run is SIGKILLed after committing iteration 10; resumed from it with
+--async-save it is SIGKILLed again while the save of 15 is in flight, and resumed once more to
+the end: losses and checkpoint bytes must be the reference's bit for bit. Its iteration 10 also
+goes to ZeRO-1 and back (reshard).
 """
 
 from __future__ import annotations
@@ -60,17 +62,36 @@ def _load_dir(save: Path, iteration: int, dest: Path) -> Path:
     return dest
 
 
-def test_zero3_killed_after_save_then_resumed_is_bitwise_identical(straight, killed, tiny,
-                                                                   tmp_path):
-    resumed = run_pretrain([*tiny, *RUN, *ZERO3, "--load", str(killed.save_dir)], nproc=2,
-                           save_dir=killed.save_dir)
-    assert "loaded checkpoint" in resumed.stdout and "at iteration 10" in resumed.stdout
-    assert resumed.losses() == straight.losses()  # bitwise: floats compared with ==
-    # ... and so is everything it saved at the end: weights, fp32 main weights, Adam moments.
-    ours = _tensors(killed.save_dir / "iter_0000020", tmp_path)
-    theirs = _tensors(straight.save_dir / "iter_0000020", tmp_path)
-    assert set(ours) == set(theirs) and any(k.startswith("optimizer.state.exp_avg.") for k in ours)
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+def test_zero3_resumes_bitwise_after_sigkills_and_async_saves_write_what_sync_saves_do(
+        straight, killed, tiny, tmp_path):
+    save = killed.save_dir
+    args = [*tiny, *RUN, *ZERO3, "--async-save", "--load", str(save)]
+    # Resumed from 10 with asynchronous saves, SIGKILLed while the save of 15 is in flight.
+    in_flight = run_pretrain(args, nproc=2, save_dir=save, expect_success=False,
+                             env={FAULT_ENV: "save:in_flight@15"})
+    assert in_flight.returncode != 0 and "at iteration 10" in in_flight.stdout
+    assert latest_iteration(str(save)) == 10  # the previous checkpoint is still in charge
+    assert (save / "iter_0000015.partial").is_dir() and not (save / "iter_0000015").exists()
+    # A clean resume from it, with asynchronous saves, to the end.
+    resumed = run_pretrain(args, nproc=2, save_dir=save)
+    assert "at iteration 10" in resumed.stdout
+    reference = straight.losses()
+    records = resumed.records("train")  # every run into this directory: 1-10, 11-15, 11-20
+    assert [r["iteration"] for r in records][-10:] == list(range(11, 21))
+    assert all(r["loss"] == reference[r["iteration"] - 1] for r in records)  # bitwise
+    saves = [r for r in resumed.records("save") if r["asynchronous"]]
+    assert [r["iteration"] for r in saves] == [15, 20]  # the killed save never returned
+    # The run exits only once its last save is committed, and nothing is left half-written.
+    assert latest_iteration(str(save)) == 20 and not list(save.glob("*.partial"))
+    # Training went on while 15 and 20 were written: the bytes are still those iterations'.
+    for name in ("iter_0000015", "iter_0000020"):
+        ours = _tensors(save / name, tmp_path)
+        theirs = _tensors(straight.save_dir / name, tmp_path)
+        assert set(ours) == set(theirs) and any(k.startswith("optimizer.state.exp_avg.")
+                                                for k in ours)
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
+        assert (save / name / "run_state.json").read_text() == \
+            (straight.save_dir / name / "run_state.json").read_text()
 
 
 def test_zero3_reshards_to_zero1_and_back_with_the_uninterrupted_losses(straight, killed, tiny,
@@ -98,44 +119,3 @@ def test_zero3_reshards_to_zero1_and_back_with_the_uninterrupted_losses(straight
     assert worst <= 1e-6
     report(f"ZeRO-3 -> ZeRO-1 -> ZeRO-3 (DP=2): largest loss gap to the uninterrupted run over "
            f"10 steps {gap:.1e}, largest tensor gap at iteration 15 {worst:.1e}")
-
-
-@pytest.fixture(scope="module")
-def async_run(straight, tmp_path_factory, data_cache):
-    return run_pretrain([*TINY_GPT, "--data-cache-dir", data_cache, *RUN, *ZERO3, "--async-save"],
-                        nproc=2, save_dir=tmp_path_factory.mktemp("zero3-async"))
-
-
-def test_async_saves_train_and_write_exactly_what_sync_saves_do(straight, async_run, tmp_path):
-    assert async_run.losses() == straight.losses()  # bitwise
-    saves = async_run.records("save")
-    assert [s["iteration"] for s in saves] == [5, 10, 15, 20]
-    assert all(s["asynchronous"] for s in saves)
-    # The run exits only after its last save is committed: the tracker names iteration 20.
-    assert latest_iteration(str(async_run.save_dir)) == 20
-    assert not list(async_run.save_dir.glob("*.partial"))
-    # Training went on while iteration 10 was written: the bytes are still iteration 10's.
-    for iteration in (10, 20):
-        name = f"iter_{iteration:07d}"
-        ours = _tensors(async_run.save_dir / name, tmp_path)
-        theirs = _tensors(straight.save_dir / name, tmp_path)
-        assert set(ours) == set(theirs)
-        assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
-        assert (async_run.save_dir / name / "run_state.json").read_text() == \
-            (straight.save_dir / name / "run_state.json").read_text()
-
-
-def test_a_kill_while_an_async_save_is_in_flight_leaves_the_previous_checkpoint(straight, tiny,
-                                                                               tmp_path):
-    save = tmp_path / "ckpt"
-    args = [*tiny, *RUN, *ZERO3, "--async-save"]
-    killed = run_pretrain(args, nproc=2, save_dir=save, expect_success=False,
-                          env={FAULT_ENV: "save:in_flight@15"})
-    assert killed.returncode != 0
-    previous = latest_iteration(str(save))
-    assert previous in (5, 10)  # the last save committed before the kill
-    assert not (save / "iter_0000015").exists()
-    resumed = run_pretrain([*args, "--load", str(save)], nproc=2, save_dir=save)
-    assert f"at iteration {previous}" in resumed.stdout
-    assert resumed.losses()[-(20 - previous):] == straight.losses()[previous:]
-    assert latest_iteration(str(save)) == 20
