@@ -143,7 +143,7 @@ class Trainer:
             self.model, m.num_layers, m.num_experts, m.moe_router_topk,
             cfg.parallel.sequence_parallel) if m.num_experts else None
 
-        # --async-save: before anything else forks (the writers' results queue forks a server).
+        # --async-save: forks the server of the writers' results queue before the data workers.
         self.async_saves = checkpointing.AsyncSaves() if cfg.checkpoint.async_save else None
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
