@@ -719,11 +719,12 @@ def _validate_zero(cfg: Config) -> None:
         raise ConfigError("--data-parallel-sharding-strategy is a Megatron-FSDP setting: add "
                           "--use-megatron-fsdp (ZeRO-1/2 without it: --use-distributed-optimizer)")
     if o.use_megatron_fsdp:
-        if o.data_parallel_sharding_strategy == "no_shard" and (ckpt.save or ckpt.load):
-            raise ConfigError("--use-megatron-fsdp checkpoints save each rank's shard: give "
-                              "--data-parallel-sharding-strategy optim, optim_grads or "
-                              "optim_grads_params (no_shard is plain DDP: drop "
-                              "--use-megatron-fsdp)")
+        if o.data_parallel_sharding_strategy != "optim_grads_params" and \
+                (ckpt.save or ckpt.load):
+            raise ConfigError("--use-megatron-fsdp checkpoints save each rank's shard and are "
+                              "written and tested for --data-parallel-sharding-strategy "
+                              "optim_grads_params (ZeRO-3) only; for ZeRO-1/2 use "
+                              "--use-distributed-optimizer, or run with --no-save")
         if par.world_size != par.data_parallel_size or par.expert_model_parallel_size > 1:
             raise ConfigError("--use-megatron-fsdp is wired and tested for pure data "
                               "parallelism only; use TP/PP/CP/EP with --use-distributed-optimizer")
