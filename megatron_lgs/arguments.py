@@ -10,6 +10,7 @@ The defaults are the embedded run: a tiny GPT on the bundled corpus, small enoug
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -179,6 +180,8 @@ class CheckpointConfig:
     save: str | None = "checkpoints/tiny-gpt"
     load: str | None = None
     save_interval: int | None = None  # save at the end only when unset
+    # Megatron-LM's --async-save: training goes on while megatron-core's forked writer writes.
+    async_save: bool = False
     ckpt_format: str = "torch_dist"
     no_save_optim: bool = False
     no_load_optim: bool = False
@@ -430,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--load", c.load, type=str)
     _add(g, "--save-interval", c.save_interval, type=int)
     _add(g, "--ckpt-format", c.ckpt_format, choices=["torch_dist"])
+    _add(g, "--async-save", c.async_save,
+         help="write checkpoints in a forked process while training continues")
     _add(g, "--no-save-optim", c.no_save_optim)
     _add(g, "--no-load-optim", c.no_load_optim)
     _add(g, "--no-load-rng", c.no_load_rng)
@@ -579,6 +584,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--eval-iters must be at least 0, got {t.eval_iters}")
     if t.exit_interval is not None and t.exit_interval < 1:
         raise ConfigError(f"--exit-interval must be at least 1, got {t.exit_interval}")
+    if cfg.checkpoint.async_save and not cfg.checkpoint.save:
+        raise ConfigError("--async-save needs --save (there is no checkpoint to write)")
+    if cfg.checkpoint.async_save and "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError("--async-save forks the checkpoint writer (megatron-core's "
+                          "TemporalAsyncCaller), and this platform cannot fork")
     if cfg.checkpoint.save_interval is not None and cfg.checkpoint.save_interval < 1:
         raise ConfigError(f"--save-interval must be at least 1, got {cfg.checkpoint.save_interval}")
     dd = cfg.data
@@ -755,10 +765,12 @@ def _validate_zero(cfg: Config) -> None:
         raise ConfigError("--data-parallel-sharding-strategy is a Megatron-FSDP setting: add "
                           "--use-megatron-fsdp (ZeRO-1/2 without it: --use-distributed-optimizer)")
     if o.use_megatron_fsdp:
-        if ckpt.save or ckpt.load:
-            raise ConfigError("--use-megatron-fsdp: its checkpoints need megatron's "
-                              "fsdp_dtensor format, which this trainer does not write or read "
-                              "yet; run with --no-save and without --load")
+        if o.data_parallel_sharding_strategy != "optim_grads_params" and \
+                (ckpt.save or ckpt.load):
+            raise ConfigError("--use-megatron-fsdp checkpoints save each rank's shard and are "
+                              "written and tested for --data-parallel-sharding-strategy "
+                              "optim_grads_params (ZeRO-3) only; for ZeRO-1/2 use "
+                              "--use-distributed-optimizer, or run with --no-save")
         if par.world_size != par.data_parallel_size or par.expert_model_parallel_size > 1:
             raise ConfigError("--use-megatron-fsdp is wired and tested for pure data "
                               "parallelism only; use TP/PP/CP/EP with --use-distributed-optimizer")

@@ -17,6 +17,7 @@ torch loads it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -29,15 +30,17 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.core import CheckpointingException
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
-from megatron_lgs import optimizer_checkpoint
+from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
 from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.lgs.sync import LgsEngine
+from megatron_lgs.platform import use_forked_save_queue
 from megatron_lgs.run_state import RunState
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -124,6 +127,8 @@ def _model_keys(model: list) -> list[str]:
 
 def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
                         is_loading: bool) -> dict:
+    if fsdp_checkpoint.is_fsdp(model):  # ZeRO-3: every rank's shards, in the same format
+        return fsdp_checkpoint.sharded_state_dict(model, optimizer, is_loading)
     # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers,
     # nor (sharded tensors carry global names and offsets) on the parallel layout.
     state = {key: chunk.sharded_state_dict()
@@ -140,8 +145,14 @@ def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
 
 def layout(model) -> dict[str, object]:
     """The parallel layout of this run (collective: gathers each rank's bucket count)."""
-    buckets = sum(len(b.buckets) for chunk in model
-                  for b in chunk.buffers + chunk.expert_parallel_buffers)
+    if fsdp_checkpoint.is_fsdp(model):
+        buckets = sum(len(chunk.param_and_grad_buffer.parameter_groups) for chunk in model)
+        sharding = f"megatron_fsdp:{model[0].ddp_config.data_parallel_sharding_strategy}"
+    else:
+        buckets = sum(len(b.buckets) for chunk in model
+                      for b in chunk.buffers + chunk.expert_parallel_buffers)
+        sharding = ("distributed_optimizer" if model[0].ddp_config.use_distributed_optimizer
+                    else "none")
     per_rank: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(per_rank, buckets)
     ps = parallel_state
@@ -154,6 +165,7 @@ def layout(model) -> dict[str, object]:
         "data_parallel_size": ps.get_data_parallel_world_size(),
         "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
         "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
+        "optimizer_sharding": sharding,
         "grad_buckets_per_rank": per_rank,
     }
 
@@ -161,7 +173,8 @@ def layout(model) -> dict[str, object]:
 def _describe(record: dict) -> str:
     return (f"TP{record['tensor_model_parallel_size']} x PP{record['pipeline_model_parallel_size']}"
             f" x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
-            f"EP{record['expert_model_parallel_size']}")
+            f"EP{record['expert_model_parallel_size']}, optimizer sharding "
+            f"{record.get('optimizer_sharding', 'unrecorded')}")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -173,12 +186,38 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class AsyncSaves:
+    """--async-save: megatron-core's AsyncCallsQueue, whose TemporalAsyncCaller forks a writer
+    per save (the fork is the snapshot: training then changes its own pages only). A save's
+    commit (dist_checkpointing's metadata, then our run state, layout, rename and tracker) runs
+    in `poll` or `wait` once every rank's writer has finished. Both are collective: every rank
+    calls them at the same points of the loop."""
+
+    def __init__(self) -> None:
+        use_forked_save_queue()
+        self.calls = AsyncCallsQueue(persistent=False)
+
+    def poll(self) -> None:
+        """Commit the saves whose writes are complete on every rank, without waiting."""
+        self.calls.maybe_finalize_async_calls(blocking=False)
+
+    def wait(self) -> None:
+        """Commit every save in flight, waiting for its writers."""
+        self.calls.maybe_finalize_async_calls(blocking=True)
+
+    @property
+    def in_flight(self) -> int:
+        return self.calls.get_num_unfinalized_calls()
+
+
 def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None,
+                    lgs: LgsEngine | None = None, async_saves: AsyncSaves | None = None,
                     describe: Callable[[Path], None] | None = None) -> Path:
     """Write iteration `state.iteration`; returns its directory. Collective over all ranks.
-    `describe(directory)` adds rank 0's description of the model before the commit."""
+    `describe(directory)` adds rank 0's description of the model before the commit. With
+    `async_saves` it returns once the tensors are handed to the writers; the directory and the
+    tracker appear when `async_saves` commits it."""
     assert cfg.save is not None
     rank = dist.get_rank()
     final = checkpoint_dir(cfg.save, state.iteration)
@@ -192,27 +231,43 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     run_layout = layout(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
                                   is_loading=False)
-    dist_checkpointing.save(sharded, str(partial))
+    request = dist_checkpointing.save(sharded, str(partial),
+                                      async_sharded_save=async_saves is not None)
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank_{rank:05d}.pt")
     if lgs is not None:  # INT8 error-feedback residuals: per rank, like the RNG streams
         (partial / "lgs").mkdir(exist_ok=True)
         torch.save(lgs.state_dict(), partial / "lgs" / f"rank_{rank:05d}.pt")
+    # The run state as of this save, not as of its commit (training has moved on by then).
+    commit = functools.partial(_commit, Path(cfg.save), partial, final, state.iteration,
+                               state.to_json(), json.dumps(run_layout, indent=1), describe)
+    if async_saves is not None:
+        request.add_finalize_fn(commit)
+        async_saves.calls.schedule_async_request(request)
+        _fault_point("save:in_flight", state.iteration)
+        return final
     _fault_point("save:after_shards", state.iteration)
-    dist.barrier()
+    dist.barrier()  # every rank's files are written
+    commit()
+    return final
 
-    if rank == 0:
-        _write_atomic(partial / RUN_STATE_FILE, state.to_json())
-        _write_atomic(partial / LAYOUT_FILE, json.dumps(run_layout, indent=1))
+
+def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: str,
+            run_layout: str, describe: Callable[[Path], None] | None = None) -> None:
+    """Make a fully written checkpoint the one in charge (collective)."""
+    if dist.get_rank() == 0:
+        _write_atomic(partial / RUN_STATE_FILE, run_state)
+        _write_atomic(partial / LAYOUT_FILE, run_layout)
         if describe is not None:
             describe(partial)
         if final.exists():  # the same iteration saved again (e.g. resumed, then exit-interval)
             shutil.rmtree(final)
         os.replace(partial, final)
-        _write_atomic(Path(cfg.save) / TRACKER_FILE, str(state.iteration))
+        _write_atomic(root / TRACKER_FILE, str(iteration))
     dist.barrier()
-    _fault_point("save:after_commit", state.iteration)
-    return final
+    if dist.get_rank() == dist.get_world_size() - 1:
+        print(f" saved checkpoint at iteration {iteration} to {final}", flush=True)
+    _fault_point("save:after_commit", iteration)
 
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
@@ -252,12 +307,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"--load {directory}: saved as {_describe(saved_layout)}, cannot be "
                           f"read as {_describe(run_layout)}: {reason}") from None
-    for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
-        chunk.load_state_dict(loaded[key])
-    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
-        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
-    elif load_optim:
-        optimizer.load_state_dict(loaded["optimizer"])
+    if fsdp_checkpoint.is_fsdp(model):
+        fsdp_checkpoint.load_state_dict(model, optimizer, sharded, loaded, load_optim)
+    else:
+        _load_unsharded(model, optimizer, sharded, loaded, load_optim)
     if cfg.finetune:
         return True
 
@@ -268,8 +321,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
                  "iterations_to_skip", "stability", "data_mix", "lgs_autotune"):
         setattr(state, name, getattr(saved, name))
-    same_layout = {k: v for k, v in saved_layout.items() if k != "grad_buckets_per_rank"} == \
-        {k: v for k, v in run_layout.items() if k != "grad_buckets_per_rank"}
+    # Buckets and ZeRO stage do not decide which rank computes what: the RNG streams still fit.
+    free = ("grad_buckets_per_rank", "optimizer_sharding")
+    same_layout = {k: v for k, v in saved_layout.items() if k not in free} == \
+        {k: v for k, v in run_layout.items() if k not in free}
     if not cfg.no_load_rng and not same_layout:
         # Each rank's RNG streams belong to its place in the saved layout (dropout masks of a
         # tensor-parallel shard, of a pipeline stage): none of them is this rank's stream.
@@ -299,3 +354,14 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         except ValueError as exc:
             raise ConfigError(f"{lgs_file}: {exc}") from None
     return True
+
+
+def _load_unsharded(model: list, optimizer: MegatronOptimizer, sharded: dict, loaded: dict,
+                    load_optim: bool) -> None:
+    """Megatron DDP's chunks (optionally with the distributed optimizer): what was read."""
+    for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
+        chunk.load_state_dict(loaded[key])
+    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
+        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
+    elif load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])

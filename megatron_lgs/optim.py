@@ -25,6 +25,7 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron_lgs import fsdp_checkpoint
 from megatron_lgs.arguments import Config, ConfigError, warmup_iters
 from megatron_lgs.lgs import sync
 from megatron_lgs.lgs.plan import PlanError
@@ -61,9 +62,14 @@ def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
         gradient_reduce_div_fusion=platform.is_cuda,
     )
     if o.use_megatron_fsdp:
-        return [FullyShardedDataParallel(chunk.config, ddp_config, chunk,
-                                         device=None if platform.is_cuda else platform.device)
-                for chunk in chunks]
+        wrapped = []
+        for chunk in chunks:
+            mapping = fsdp_checkpoint.record_mapping(chunk)  # before the wrapper shards it
+            fsdp = FullyShardedDataParallel(chunk.config, ddp_config, chunk,
+                                            device=None if platform.is_cuda else platform.device)
+            setattr(fsdp, fsdp_checkpoint.MAPPING_ATTR, mapping)
+            wrapped.append(fsdp)
+        return wrapped
     ddps = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)]
     if cfg.lgs.lgs:

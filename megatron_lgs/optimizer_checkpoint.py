@@ -24,6 +24,7 @@ optimizer state exists twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -114,7 +115,12 @@ def _parts(sharded: ShardedBase, param: torch.Tensor) -> list[_Part]:
     return parts
 
 
-def _box_tensor(part: _Part, state_key: str, box: Box, data: torch.Tensor,
+def state_key(state: str, model_key: str) -> str:
+    """The checkpoint key of an optimizer state tensor of the model tensor `model_key`."""
+    return f"{STATE_PREFIX}.{state}.{model_key}"
+
+
+def _box_tensor(part: _Part, key: str, box: Box, data: torch.Tensor,
                 instance_id: int) -> ShardedTensor:
     _, offset, shape = box
     t = part.tensor
@@ -129,7 +135,7 @@ def _box_tensor(part: _Part, state_key: str, box: Box, data: torch.Tensor,
     if not isinstance(t.replica_id, tuple) or len(t.replica_id) != 3:
         raise ReshardError(f"{t.key}: replica id {t.replica_id!r} is not (PP, TP, DP)")
     replica_id = (*t.replica_id[:2], instance_id)
-    return ShardedTensor(f"{STATE_PREFIX}.{state_key}.{t.key}", data.view(local_shape),
+    return ShardedTensor(key, data.view(local_shape),
                          data.dtype, local_shape, t.global_shape, global_offset,
                          axis_fragmentations=None, replica_id=replica_id)
 
@@ -152,10 +158,12 @@ def _owned_params(opt: DistributedOptimizer):
 
 
 def slice_boxes(sharded: ShardedBase, param: torch.Tensor, start: int, end: int,
-                states: dict[str, torch.Tensor], instance_id: int = 0) -> dict[str, ShardedTensor]:
+                states: dict[str, torch.Tensor], instance_id: int = 0,
+                key: Callable[[str, str], str] = state_key) -> dict[str, ShardedTensor]:
     """The checkpoint tensors of `states`, each the flat slice [start, end) of one state tensor
-    of `param` (`sharded` is how the model saves `param`), named "<state>/<start in the slice>".
-    The returned tensors' data are views of `states`."""
+    of `param` (`sharded` is how the model saves `param`), named "<state>/<start in the slice>"
+    and keyed `key(state, model key)` in the checkpoint. The returned tensors' data are views
+    of `states`."""
     boxes = {}
     for part in _parts(sharded, param):
         lo = max(start, part.param_start)
@@ -163,9 +171,10 @@ def slice_boxes(sharded: ShardedBase, param: torch.Tensor, start: int, end: int,
         for box in contiguous_boxes(part.tensor.local_shape, lo - part.param_start,
                                     hi - part.param_start):
             begin = part.param_start + box[0] - start
-            for key, flat in states.items():
+            for name, flat in states.items():
                 piece = flat.detach()[begin:begin + math.prod(box[2])]
-                boxes[f"{key}/{begin}"] = _box_tensor(part, key, box, piece, instance_id)
+                boxes[f"{name}/{begin}"] = _box_tensor(part, key(name, part.tensor.key), box,
+                                                       piece, instance_id)
     return boxes
 
 
@@ -217,14 +226,15 @@ def _group_identity(group: dict, relaxed: bool = False) -> tuple:
     return tuple(group.get(k, group.get(f"pre_{k}")) for k in keys)
 
 
-def _common_for(opt: DistributedOptimizer, saved: list[dict]) -> dict:
-    """This optimizer's ordinary state dict, from those saved by the optimizers of any layout:
-    each of its param groups is found by megatron's identifier keys, with `is_expert_parallel`
-    relaxed (megatron puts expert parameters into the dense optimizer at EP1 and into their own
-    at EP > 1; the group's hyperparameters and Adam's step are the same either way)."""
+def common_for(param_groups: list[dict], saved: list[dict]) -> dict:
+    """The ordinary state dict of an optimizer with these (torch) param groups, from those saved
+    by the optimizers of any layout: each of its param groups is found by megatron's identifier
+    keys, with `is_expert_parallel` relaxed (megatron puts expert parameters into the dense
+    optimizer at EP1 and into their own at EP > 1; the group's hyperparameters and Adam's step
+    are the same either way)."""
     saved_groups = [g for state in saved for g in state["optimizer"]["param_groups"]]
     groups = []
-    for group in opt.optimizer.param_groups:
+    for group in param_groups:
         match = [g for g in saved_groups if _group_identity(g) == _group_identity(group)] or [
             g for g in saved_groups
             if _group_identity(g, relaxed=True) == _group_identity(group, relaxed=True)]
@@ -239,10 +249,10 @@ def _common_for(opt: DistributedOptimizer, saved: list[dict]) -> dict:
 def load_state_dict(optimizer: MegatronOptimizer, requested: dict, loaded: dict) -> None:
     """Put the loaded boxes back into each parameter's flat slice. `requested` is what
     `sharded_state_dict(..., is_loading=True)` returned, `loaded` what dist_checkpointing read.
-    The number of inner optimizers may differ from the saving layout's (see `_common_for`)."""
+    The number of inner optimizers may differ from the saving layout's (see `common_for`)."""
     for i, opt in enumerate(_inner_optimizers(optimizer)):
         names, boxes = requested["boxes"][str(i)], loaded["boxes"][str(i)]
-        opt.load_state_dict(_common_for(opt, loaded["common"]))
+        opt.load_state_dict(common_for(opt.optimizer.param_groups, loaded["common"]))
         owned = [param for param, _ in _owned_params(opt)]
         slices = [_param_states(opt, param) for param in owned]
         for name in names:

@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import multiprocessing
 import queue
 import sys
 import types
@@ -113,15 +114,29 @@ SAVE_FIXES: dict[str, str] = {
     "filesystem_async._results_queue": "megatron-core creates the queue its file writers report "
     "to as a spawn-context multiprocessing Manager, for saves finished by another process; it "
     "starts a server process that re-imports the entry script (about 4 s on the first save of "
-    "every run, and a hang without an `if __name__ == '__main__'` guard). This trainer saves "
-    "synchronously: the writers' results are put and read in the training process, so a plain "
-    "queue.Queue serves.",
+    "every run, and a hang without an `if __name__ == '__main__'` guard). A synchronous save "
+    "puts and reads the writers' results in the training process, so a plain queue.Queue "
+    "serves. An asynchronous save (--async-save) puts them from the process megatron forks to "
+    "write, which a plain queue would lose: `use_forked_save_queue` swaps in a Manager queue "
+    "whose server is forked, not spawned (no re-import). Not a pipe-backed multiprocessing "
+    "Queue: the writer exits only once its results are in the pipe, and megatron reads them "
+    "only after the writer has exited, so results over the pipe's 64 KiB would deadlock.",
 }
+_SAVE_WRITER = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+_FORKED_MANAGER: list = []  # kept alive for the process: its server holds the queue
 
 
 def _install_sync_save_queue() -> None:
-    writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    writer._results_queue = queue.Queue()
+    importlib.import_module(_SAVE_WRITER)._results_queue = queue.Queue()
+
+
+def use_forked_save_queue() -> None:
+    """Asynchronous saves: the writers' results cross from megatron's forked writer process."""
+    if _FORKED_MANAGER:
+        return
+    manager = multiprocessing.get_context("fork").Manager()
+    _FORKED_MANAGER.append(manager)
+    importlib.import_module(_SAVE_WRITER)._results_queue = manager.Queue()
 
 
 # --------------------------------------------------------------------------------------------

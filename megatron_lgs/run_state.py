@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from megatron_lgs.arguments import Config
+from megatron_lgs.arguments import Config, OptimizerConfig
 
 
 @dataclass
@@ -33,6 +33,13 @@ class RunState:
         return cls(**json.loads(text))
 
 
+# The ZeRO stage is where the optimizer state lives, not what it computes: checkpoints reshard
+# between stages. Their defaults stand in, so a run that kept them has the fingerprint it
+# always had.
+_ZERO_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in (
+    "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy")}
+
+
 def config_fingerprint(cfg: Config) -> str:
     """Hash of the settings that decide the numbers a step produces. A resume that changes
     them is not a continuation of the same run (use --finetune to load the weights anyway).
@@ -40,9 +47,9 @@ def config_fingerprint(cfg: Config) -> str:
     relevant = {
         "model": cfg.model,
         "precision": cfg.precision,
-        "optim": {k: v for k, v in asdict(cfg.optim).items()
-                  if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
-                               "ddp_bucket_size")},
+        "optim": {**{k: v for k, v in asdict(cfg.optim).items()
+                     if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
+                                  "ddp_bucket_size")}, **_ZERO_DEFAULTS},
         "seed": cfg.training.seed,
         "global_batch_size": cfg.training.global_batch_size,
         "vocab_size": cfg.data.vocab_size,

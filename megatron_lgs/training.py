@@ -155,6 +155,8 @@ class Trainer:
             self.model, m.num_layers, m.num_experts, m.moe_router_topk,
             cfg.parallel.sequence_parallel) if m.num_experts else None
 
+        # --async-save: forks the server of the writers' results queue before the data workers.
+        self.async_saves = checkpointing.AsyncSaves() if cfg.checkpoint.async_save else None
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")
@@ -246,6 +248,7 @@ class Trainer:
         """Reload the last checkpoint and skip `iteration` from now on; False if there is no
         checkpoint to go back to (the update is then just skipped)."""
         save = self.cfg.checkpoint.save
+        self.finish_saves()  # the last checkpoint may still be in flight
         if checkpointing.latest_iteration(save) is None:
             return False
         skips = set(self.state.iterations_to_skip) | {iteration}
@@ -306,11 +309,25 @@ class Trainer:
         if self.tuning:
             self.state.lgs_autotune = self.tuning.state_dict()
         record = model_record.record_of(self.cfg, self.datasets.vocab_size)
+        started = time.perf_counter()
         path = checkpointing.save_checkpoint(
             self.cfg.checkpoint, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
-            describe=partial(model_record.write, record=record,
-                             tokenizer_file=self.datasets.tokenizer_file))
-        print_rank_last(f" saved checkpoint at iteration {self.state.iteration} to {path}")
+            self.async_saves, describe=partial(model_record.write, record=record,
+                                               tokenizer_file=self.datasets.tokenizer_file))
+        seconds = time.perf_counter() - started
+        if self.async_saves:
+            print_rank_last(f" writing checkpoint of iteration {self.state.iteration} to {path} "
+                            f"in the background (training held {seconds:.2f} s)")
+        self.metrics_file.write(event="save", iteration=self.state.iteration, seconds=seconds,
+                                asynchronous=self.async_saves is not None)
+
+    def finish_saves(self) -> None:
+        """Wait for the checkpoints still being written and commit them (--async-save)."""
+        if self.async_saves and self.async_saves.in_flight:
+            started = time.perf_counter()
+            self.async_saves.wait()
+            self.metrics_file.write(event="save_wait", iteration=self.state.iteration,
+                                    seconds=time.perf_counter() - started)
 
     # -- the loop ------------------------------------------------------------------------------
     def _batches(self) -> Iterator:
@@ -338,6 +355,8 @@ class Trainer:
             else:
                 result = self.train_step(batches, iteration,
                                          watch=iteration % t.log_interval == 0)
+            if self.async_saves:  # commit finished background saves (collective, every rank)
+                self.async_saves.poll()
             if result.rollback and self.rollback(iteration):
                 batches = self._batches()
                 continue
@@ -380,6 +399,7 @@ class Trainer:
             if stop:
                 print_rank_last(f" exiting after iteration {s.iteration}: {stop}")
                 break
+        self.finish_saves()
         self.metrics_file.close()
         if self.sinks:
             self.sinks.close()

@@ -38,3 +38,12 @@ def test_lgs_overlap_bench_quick_mode_on_the_emulated_cluster():
                    "f LGS tuned", "g LGS int8"):
         assert f"\n{scheme} " in proc.stdout
     assert "LGS exposed / (a) exposed:" in proc.stdout
+
+
+def test_async_save_bench_prints_its_ratio(data_cache):
+    proc = subprocess.run(
+        [sys.executable, "bench/async_save.py", "--rounds", "1", "--steps", "2",
+         *TINY_GPT, "--data-cache-dir", data_cache],
+        cwd=REPO, env=_base_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio async stall / sync save:" in proc.stdout

@@ -53,6 +53,32 @@ def test_sync_save_queue_replaces_the_spawned_manager_megatron_would_start():
     assert type(writer._results_queue).__module__ == "queue"
 
 
+def test_async_save_queue_reaches_the_parent_from_the_forked_writer():
+    """What megatron's TemporalAsyncCaller does with the queue, on a payload larger than a pipe
+    holds: the forked writer puts its results and exits; the parent reads them after the join."""
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import async_utils
+
+    source = inspect.getsource(async_utils.TemporalAsyncCaller.schedule_async_call)
+    assert "mp.get_context('fork')" in source  # the writer is forked: a fork-born server serves
+    writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    before = writer._results_queue
+    try:
+        platform.use_forked_save_queue()
+        results = writer._get_write_results_queue()
+        payload = {i: ["x" * 100] * 10 for i in range(200)}  # ~200 KB, over a pipe's 64 KiB
+        child = multiprocessing.get_context("fork").Process(target=results.put, args=(payload,))
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert results.get_nowait() == payload
+    finally:
+        writer._results_queue = before
+        manager = platform._FORKED_MANAGER.pop()
+        manager.shutdown()
+
+
 def test_factory_patch_puts_cuda_tensors_on_cpu_and_leaves_torch_alone():
     clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
     t = clip_grads.torch.zeros(2, device="cuda")
