@@ -95,7 +95,7 @@ def _estimated(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
          for k in range(0, len(pairs), _VERIFY_CHUNK)] or [np.empty(0)])
 
 
-def _exact(pairs: np.ndarray, texts_of: Callable[[list[int]], list[str]], ngram: int
+def _exact(pairs: np.ndarray, texts_of: Callable[[list[int]], list[str]], cfg: MinHashConfig
            ) -> np.ndarray:
     """Exact shingle-set Jaccard of each pair; sets are built per chunk of pairs, so memory
     holds the shingles of at most 2 x _VERIFY_CHUNK documents."""
@@ -103,7 +103,7 @@ def _exact(pairs: np.ndarray, texts_of: Callable[[list[int]], list[str]], ngram:
     for lo in range(0, len(pairs), _VERIFY_CHUNK):
         chunk = pairs[lo:lo + _VERIFY_CHUNK]
         rows = np.unique(chunk).tolist()
-        sets = dict(zip(rows, shingle_sets(texts_of(rows), ngram), strict=True))
+        sets = dict(zip(rows, shingle_sets(cfg.view(texts_of(rows)), cfg.ngram), strict=True))
         for k, (i, j) in enumerate(chunk.tolist()):
             a, b = sets[i], sets[j]
             shared = np.intersect1d(a, b, assume_unique=True).size
@@ -119,7 +119,7 @@ def near_duplicates(sig: np.ndarray, cfg: MinHashConfig,
     if cfg.verify == "exact":
         if texts_of is None:
             raise ValueError("exact verification needs the documents' texts")
-        estimates = _exact(pairs, texts_of, cfg.ngram)
+        estimates = _exact(pairs, texts_of, cfg)
     else:
         estimates = _estimated(sig, pairs)
     verified = estimates >= cfg.threshold
