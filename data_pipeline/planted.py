@@ -52,8 +52,11 @@ class DedupQuality:
                 f"unrelated merges {self.unrelated_merges}")
 
 
-def exact_jaccard(a: str, b: str, ngram: int,
-                  norm: ShingleNormalization = ShingleNormalization()) -> float:
+_DEFAULT_VIEW = ShingleNormalization()
+
+
+def exact_jaccard(a: str, b: str, ngram: int, norm: ShingleNormalization = _DEFAULT_VIEW
+                  ) -> float:
     sa = set(shingles(shingle_view(a, norm), ngram))
     sb = set(shingles(shingle_view(b, norm), ngram))
     return len(sa & sb) / len(sa | sb) if sa or sb else 1.0

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.prepare import PrepareConfig, PrepareResult, prepare
 from data_pipeline.sources import DomainSource
 
@@ -82,9 +83,11 @@ def write_corpus(root: Path, seed: int = 0) -> Corpus:
     )
 
 
-def prepare_corpus(corpus: Corpus, output: Path, **kwargs) -> PrepareResult:
+def prepare_corpus(corpus: Corpus, output: Path, executor=None, **kwargs) -> PrepareResult:
+    """In this process (``LocalExecutor(0)``) unless an executor is given."""
     if "tokenizer" not in kwargs:
         kwargs.setdefault("vocab_size", VOCAB_SIZE)
     return prepare(PrepareConfig(sources=corpus.sources, output=output,
                                  shard_max_docs=kwargs.pop("shard_max_docs", 64),
-                                 progress=False, **kwargs))
+                                 progress=False, **kwargs),
+                   executor if executor is not None else LocalExecutor(0))

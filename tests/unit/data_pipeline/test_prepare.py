@@ -176,7 +176,7 @@ def test_strict_stops_at_first_input_error(tmp_path, capsys):
     assert len(err.splitlines()) == 1
     assert err.startswith(f"error: {tmp_path / 'bad' / 'broken.jsonl'}:2: malformed_json")
     assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".out.partial-*"))
+    assert not list(tmp_path.glob(".out.work*"))
 
 
 @pytest.mark.parametrize(("argv", "code", "message"), [
