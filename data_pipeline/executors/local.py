@@ -13,7 +13,10 @@ from pathlib import Path
 from data_pipeline.stages import STAGES
 from data_pipeline.stages.task import run_task
 
-_PRELOAD = ["data_pipeline.stages.task", *(f"data_pipeline.stages.{s}" for s in STAGES)]
+# "__main__" too: the server imports the main script once, so a task's process does not
+# import it again (spawn semantics), which costs seconds for a script that imports much.
+_PRELOAD = ["__main__", "data_pipeline.stages.task",
+            *(f"data_pipeline.stages.{s}" for s in STAGES)]
 
 
 def _context() -> multiprocessing.context.BaseContext:

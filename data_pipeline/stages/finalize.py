@@ -9,13 +9,15 @@ runner renames this task's directory to ``--output``.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.manifest import file_sha256, write_manifest
+import numpy as np
+
+from data_pipeline.manifest import TOKEN_DTYPE, file_sha256, load_index, write_manifest
 from data_pipeline.shards import SHARD_PATTERN, index_name
-from data_pipeline.stages import write
 from data_pipeline.stages.common import Plan, read_json, task_dir
 from data_pipeline.stages.vocab import TOKENIZER_FILE
 from data_pipeline.stats import DomainCounts
@@ -67,17 +69,29 @@ def _concat(paths: list[Path], target: Path) -> None:
             f.write(path.read_bytes())
 
 
-def _megatron(work: Path, plan: Plan, out: Path, vocab_size: int) -> dict[str, Any]:
+def _megatron(plan: Plan, out: Path, shards: list[dict[str, Any]], vocab_size: int
+              ) -> dict[str, Any]:
+    """One prefix per domain, written by megatron-core's ``IndexedDatasetBuilder``: every
+    kept document of the domain, in keep order, as one sequence and one document. Read from
+    the assembled shards through their indexes (megatron-core is imported by this task only:
+    it brings torch)."""
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     (out / MEGATRON_DIR).mkdir()
+    dtype = DType.optimal_dtype(vocab_size)
+    builders = {d: IndexedDatasetBuilder(str(out / MEGATRON_DIR / f"{d}.bin"), dtype=dtype)
+                for d in plan.domains}
+    for shard in shards:
+        index = load_index(out, shard)
+        with open(out / shard["tar"], "rb") as f, \
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for offset, n, domain in index.tolist():
+                raw = data[offset:offset + n * TOKEN_DTYPE.itemsize]  # a copy: the map can close
+                tokens = np.frombuffer(raw, dtype=TOKEN_DTYPE)
+                builders[plan.domains[domain]].add_document(tokens, [n])
     entries = {}
-    for domain in plan.domains:
+    for domain, builder in builders.items():
         prefix = out / MEGATRON_DIR / domain
-        builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=DType.optimal_dtype(vocab_size))
-        for p, part in enumerate(plan.partitions):
-            if part.domain == domain:
-                builder.add_index(str(task_dir(work, "write", p) / write.MEGATRON_PREFIX))
         builder.finalize(f"{prefix}.idx")
         entries[domain] = {ext: {"file": f"{MEGATRON_DIR}/{domain}.{ext}",
                                  "sha256": file_sha256(Path(f"{prefix}.{ext}"))}
@@ -119,5 +133,5 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
                                           "output_format")},
     }
     if plan.output_format == "megatron":
-        manifest["megatron"] = _megatron(work, plan, out, tokenizer.get_vocab_size())
+        manifest["megatron"] = _megatron(plan, out, shards, tokenizer.get_vocab_size())
     write_manifest(out, manifest)

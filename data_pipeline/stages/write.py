@@ -1,8 +1,7 @@
 """Stage 8, one task per partition: tokenize the kept documents, write this partition's
-WebDataset shards (and, with ``--output-format megatron``, its Megatron ``.bin``/``.idx`` through
-megatron-core's ``IndexedDatasetBuilder``, one document per entry), and its rows of the dedup
-report. Document keys continue from the kept documents of the earlier partitions, so the
-assembled dataset numbers its documents 0, 1, 2, ... in keep order."""
+WebDataset shards and its rows of the dedup report. Document keys continue from the kept
+documents of the earlier partitions, so the assembled dataset numbers its documents 0, 1, 2, ...
+in keep order."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from data_pipeline.stages.common import (
 from data_pipeline.stages.vocab import TOKENIZER_FILE
 from data_pipeline.tokenizer import load_tokenizer
 
-MEGATRON_PREFIX = "megatron"
 _TOKENIZE_BATCH = 256
 
 
@@ -47,13 +45,6 @@ class _Ids:
         return self._ids[row - int(self.starts[p])], str(p)
 
 
-def _megatron_builder(out: Path, vocab_size: int):
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-
-    return IndexedDatasetBuilder(str(out / f"{MEGATRON_PREFIX}.bin"),
-                                 dtype=DType.optimal_dtype(vocab_size))
-
-
 def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     starts = partition_rows(work, plan)
     domain = plan.partitions[index].domain
@@ -64,8 +55,6 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     tokenizer = load_tokenizer(task_dir(work, "vocab", 0) / TOKENIZER_FILE)
     ids = read_json(task_dir(work, "read", index) / "ids.json")
     sink = ShardSink(out, plan.shard_max_docs, plan.shard_max_bytes, first_key=first_key)
-    megatron = _megatron_builder(out, tokenizer.get_vocab_size()) \
-        if plan.output_format == "megatron" else None
     texts = Texts(work, starts)
     tokens = 0
     for lo in range(0, len(rows), _TOKENIZE_BATCH):
@@ -74,11 +63,7 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
             doc = np.asarray(encoding.ids, dtype=np.int64)
             tokens += len(doc)
             sink.write(doc, domain_id, domain, ids[row - int(starts[index])])
-            if megatron is not None:
-                megatron.add_document(doc, [len(doc)])
     write_json(out / "shards.json", [asdict(s) for s in sink.close()])
-    if megatron is not None:
-        megatron.finalize(str(out / f"{MEGATRON_PREFIX}.idx"))
     write_json(out / "written.json", {"documents": len(rows), "tokens": tokens})
     _report(plan, work, index, starts, out)
 
