@@ -87,7 +87,7 @@ def planted_corpus(n_pairs: int, words: int = 200, n_unrelated: int = 0, seed: i
         edited = rng.choice(others, int(round(surface_edits * len(others))), replace=False)
         for pos, kind in zip(edited.tolist(), rng.integers(0, 4, len(edited)).tolist(),
                              strict=True):
-            copy[pos] = _surface_edit(str(copy[pos]), kind, rng)
+            copy[pos] = surface_edit(str(copy[pos]), kind, rng)
         copies.append(copy)
     texts = [" ".join(w) for w in originals[:n_pairs] + copies + originals[n_pairs:]]
     pairs = np.stack([np.arange(n_pairs), np.arange(n_pairs, 2 * n_pairs)], axis=1)
@@ -95,7 +95,7 @@ def planted_corpus(n_pairs: int, words: int = 200, n_unrelated: int = 0, seed: i
     return PlantedCorpus(texts, pairs, jaccard, ngram)
 
 
-def _surface_edit(word: str, kind: int, rng: np.random.Generator) -> str:
+def surface_edit(word: str, kind: int, rng: np.random.Generator) -> str:
     """A change that shingle view undoes: number -> another number, else capitalized, followed
     by punctuation, or its first vowel accented."""
     if word.isdigit():

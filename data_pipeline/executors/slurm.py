@@ -89,7 +89,10 @@ class SlurmExecutor:
     def _wait(self, job: str, stage: str, n_tasks: int, logs: Path) -> None:
         while True:
             states = self._states(job)
-            if states is not None and len(states) == n_tasks:
+            if states is not None and len(states) == n_tasks and \
+                    all(s in _DONE | _FAILED for s, _ in states.values()):
+                # Judged when every element has ended, so the failure named is the first in
+                # task order, as with the local executor.
                 failed = sorted(i for i, (s, _) in states.items() if s in _FAILED)
                 if failed:
                     i = failed[0]
@@ -98,8 +101,7 @@ class SlurmExecutor:
                         if log.is_file() else ["(no log)"]
                     raise TaskFailed(f"stage {stage} task {i} {states[i][0].lower()} "
                                      f"(exit {states[i][1]}); log {log}: {tail[0] if tail else ''}")
-                if all(s in _DONE for s, _ in states.values()):
-                    return
+                return
             time.sleep(self.options.poll_seconds)
 
     def run(self, work: Path, stages: Sequence[tuple[str, int]]) -> None:
