@@ -26,7 +26,7 @@ from data_pipeline.planted import exact_jaccard, surface_edit
 _LETTERS = np.array(list(string.ascii_lowercase))
 
 
-def line_pool(max_bytes: int = 200 << 20) -> list[str]:
+def line_pool(max_bytes: int = 40 << 20) -> list[str]:
     """Distinct non-blank lines of the offline sources, in a fixed order."""
     roots = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
              "/usr/share/common-licenses", "/usr/share/doc"]
@@ -97,13 +97,14 @@ def write_corpus(out: Path, size_bytes: int, seed: int = 0, copy_fraction: float
             batch.append(_near_copy(text, rng))
         ids = []
         for t in batch:
-            row = json.dumps({"text": t}, ensure_ascii=False) + "\n"
+            source_id = f"{files[-1].name}:{line_no + 1}"
+            row = json.dumps({"id": source_id, "text": t}, ensure_ascii=False) + "\n"
             f.write(row)
             line_no += 1
             size += len(row)
             written += len(row)
             docs += 1
-            ids.append(f"{files[-1].name}:{line_no}")
+            ids.append(source_id)
         if len(batch) == 2:
             pairs.append((ids[0], ids[1], exact_jaccard(batch[0], batch[1], 5)))
     if f is not None:

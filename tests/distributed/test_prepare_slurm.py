@@ -17,9 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.test_slurm import Cluster, _ensure_installed
-from tests.unit.data_pipeline.corpus_helpers import VOCAB_SIZE, prepare_corpus, write_corpus
-from tests.unit.data_pipeline.test_prepare import write_bad_directory
-from tests.unit.data_pipeline.test_stages import FLAGS, digests
+from tests.unit.data_pipeline.corpus_helpers import STAGED as FLAGS
+from tests.unit.data_pipeline.corpus_helpers import (
+    VOCAB_SIZE,
+    digests,
+    prepare_corpus,
+    write_bad_directory,
+    write_corpus,
+)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

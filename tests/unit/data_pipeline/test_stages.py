@@ -4,7 +4,6 @@ output is redone; Megatron's format read back by megatron-core; bad input under 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_helpers import VOCAB_SIZE, prepare_corpus
-from test_prepare import write_bad_directory
+from corpus_helpers import STAGED as FLAGS
+from corpus_helpers import VOCAB_SIZE, digests, prepare_corpus, write_bad_directory
 
 from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.manifest import load_manifest
@@ -23,16 +22,6 @@ from data_pipeline.prepare import work_dir
 from data_pipeline.shard_reader import DocumentStore
 
 REPO = Path(__file__).resolve().parents[3]
-# Small partitions, so the corpus (~250 kB in 46 files) makes several tasks per stage.
-FLAGS = {"partition_bytes": 60_000, "output_format": "megatron"}
-
-
-def digests(root: Path) -> dict[str, str]:
-    """Every file of a dataset and its sha256: what "byte-identical" compares."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def cli(corpus, output: Path, *extra: str) -> subprocess.Popen:
     domains = [f"--domain={s.domain}={s.pattern}" for s in corpus.sources]
     return subprocess.Popen(
