@@ -1,7 +1,7 @@
-"""``--executor local --workers N``: each task in a fresh process of a pool of N (forked from a
-server that has the pipeline imported, so a task starts in milliseconds and its peak RSS is its
-own). Stages run one after the other; the first failing task (in task order) stops the run
-with its error."""
+"""``--executor local --workers N``: a pool of N processes (forked from a server that has the
+pipeline imported), kept for the whole run; each task's peak RSS is its own (VmHWM is reset
+when a task starts). Stages run one after the other; the first failing task (in task order)
+stops the run with its error."""
 
 from __future__ import annotations
 
@@ -34,27 +34,33 @@ class LocalExecutor:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
         self.stats: dict[str, list[dict[str, float] | None]] = {}
+        self._pool: ProcessPoolExecutor | None = None
 
     def run_stage(self, work: Path, stage: str, n_tasks: int) -> None:
-        if self.workers == 0:
+        if self._pool is None:
             self.stats[stage] = [run_task(work, stage, i) for i in range(n_tasks)]
             return
-        with ProcessPoolExecutor(max_workers=min(self.workers, n_tasks), mp_context=_context(),
-                                 max_tasks_per_child=1) as pool:
-            futures = [pool.submit(run_task, str(work), stage, i) for i in range(n_tasks)]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [i for i, f in enumerate(futures)
-                      if f.done() and not f.cancelled() and f.exception() is not None]
-            if failed:
-                # The error reported is the first in keep order (what one worker would hit):
-                # later tasks are dropped, earlier ones finish and may fail first.
-                for other in futures[failed[0] + 1:]:
-                    other.cancel()
-                wait(futures[:failed[0]])
-                raise next(f.exception() for f in futures if f.exception() is not None)
-            self.stats[stage] = [f.result() for f in futures]
+        futures = [self._pool.submit(run_task, str(work), stage, i) for i in range(n_tasks)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [i for i, f in enumerate(futures)
+                  if f.done() and not f.cancelled() and f.exception() is not None]
+        if failed:
+            # The error reported is the first in keep order (what one worker would hit):
+            # later tasks are dropped, earlier ones finish and may fail first.
+            for other in futures[failed[0] + 1:]:
+                other.cancel()
+            wait(futures[:failed[0]])
+            raise next(f.exception() for f in futures if f.exception() is not None)
+        self.stats[stage] = [f.result() for f in futures]
 
     def run(self, work: Path, stages: Sequence[tuple[str, int]]) -> None:
-        for stage, n_tasks in stages:
-            if n_tasks:
-                self.run_stage(work, stage, n_tasks)
+        if self.workers:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context())
+        try:
+            for stage, n_tasks in stages:
+                if n_tasks:
+                    self.run_stage(work, stage, n_tasks)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+                self._pool = None

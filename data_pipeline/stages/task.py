@@ -18,6 +18,27 @@ from pathlib import Path
 from data_pipeline.stages.common import begin, commit, is_complete, load_plan, write_json
 
 
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM, so a worker that runs task after task
+    reports each task's own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | None:
     """Run (or skip, when already complete) one task; its stats, or None when skipped."""
     work = Path(work)
@@ -25,6 +46,7 @@ def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | Non
         return None
     # One thread per task: the executor's workers are the parallelism.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _reset_peak_rss()
     start = time.perf_counter()
     plan = load_plan(work)
     module = importlib.import_module(f"data_pipeline.stages.{stage}")
@@ -32,7 +54,7 @@ def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | Non
     module.run(plan, work, index, tmp)
     commit(work, stage, index, tmp)
     stats = {"seconds": time.perf_counter() - start,
-             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+             "peak_rss_mb": _peak_rss_mb()}
     write_json(work / stage / f"{index:05d}.stats.json", stats)
     return stats
 
