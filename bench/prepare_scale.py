@@ -40,11 +40,11 @@ class PeakRss(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
         me = psutil.Process()
-        while not self._stop.wait(0.2):
+        while not self._done.wait(0.2):
             total = 0
             for p in [me, *me.children(recursive=True)]:
                 try:
@@ -54,7 +54,7 @@ class PeakRss(threading.Thread):
             self.peak = max(self.peak, total)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._done.set()
         self.join()
         return self.peak
 

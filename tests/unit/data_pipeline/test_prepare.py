@@ -112,7 +112,7 @@ def test_bad_input_is_counted_not_fatal(tmp_path):
         [sys.executable, "-m", "data_pipeline", "prepare", "--domain", f"bad={tmp_path / 'bad'}",
          "--output", str(tmp_path / "out"), "--vocab-size", "300"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        timeout=120)
+        timeout=600)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
