@@ -64,7 +64,7 @@ def datasets_provider(cfg: Config) -> Datasets:
 
     d = cfg.data
     loader = LoaderConfig(seq_length=cfg.model.seq_length, seed=cfg.training.seed,
-                          eod_mask_loss=d.eod_mask_loss)
+                          eod_mask_loss=d.eod_mask_loss, tokenizer_model=d.tokenizer_model)
     try:
         try:
             if dist.get_rank() == 0 and not d.data_path:
@@ -77,8 +77,10 @@ def datasets_provider(cfg: Config) -> Datasets:
             valid_by_domain = {}
         else:  # blend by domain, the form dynamic mixing adjusts
             dirs = list(d.data_path) or [str(prepare_embedded(d.data_cache_dir, d.vocab_size))]
-            weights = dict(d.domain_weights) or (EMBEDDED_WEIGHTS if not d.data_path else dict.
-                                                  fromkeys(DocumentStore(dirs).domain_names, 1.0))
+            every = DocumentStore(dirs, tokenizer=d.tokenizer_model).domain_names \
+                if d.data_path else []
+            weights = dict(d.domain_weights) or (EMBEDDED_WEIGHTS if not d.data_path
+                                                  else dict.fromkeys(every, 1.0))
             train, valid = (blend_domains(dirs, weights, replace(loader, split=split))
                             for split in ("train", "valid"))
             valid_by_domain = {

@@ -7,15 +7,20 @@ exit code (2 for flags, 1 for data), never a traceback.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from data_pipeline.executors import TaskFailed
+from data_pipeline.executors.local import LocalExecutor
+from data_pipeline.executors.slurm import SlurmExecutor, SlurmOptions
 from data_pipeline.ingest import IngestConfig, ingest
 from data_pipeline.manifest import DatasetError
 from data_pipeline.minhash import HASHES, VERIFY_MODES, MinHashConfig
 from data_pipeline.normalize import UNICODE_FORMS, WHITESPACE_MODES, FilterConfig, NormalizeConfig
-from data_pipeline.prepare import PrepareConfig, prepare
+from data_pipeline.prepare import OUTPUT_FORMATS, PrepareConfig, prepare
+from data_pipeline.shingle_text import ShingleNormalization
 from data_pipeline.sources import DomainSource, InputError
 from data_pipeline.stats import DomainCounts, RejectLog, summary_table
 from data_pipeline.tokenizer import train_bpe_tokenizer
@@ -63,11 +68,37 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--minhash-seed", type=int, default=defaults.seed)
     d.add_argument("--minhash-hash", default=defaults.hash, choices=HASHES,
                    help="fast: vectorized word hash; sha1: datasketch's default shingle hash")
+    view = ShingleNormalization()
+    for name, what in (("lowercase", "lowercase before shingling"),
+                       ("punctuation", "remove Unicode punctuation before shingling"),
+                       ("digits", "fold every digit run to 0 before shingling"),
+                       ("unicode", "NFKD and drop combining marks (accents) before shingling")):
+        d.add_argument(f"--shingle-{name}", action=argparse.BooleanOptionalAction,
+                       default=getattr(view, name), help=f"{what} (dedup only; the text "
+                                                         f"trained on is unchanged)")
     o = prep.add_argument_group("output")
     o.add_argument("--shard-max-docs", type=int, default=PrepareConfig.shard_max_docs)
     o.add_argument("--shard-max-bytes", type=int, default=PrepareConfig.shard_max_bytes)
     o.add_argument("--reject-samples", type=int, default=PrepareConfig.reject_samples,
                    help="rejected documents per reason written to rejects.jsonl")
+    o.add_argument("--output-format", default="webdataset", choices=OUTPUT_FORMATS,
+                   help="megatron: also OUTPUT/megatron/DOMAIN.bin/.idx (megatron-core's "
+                        "IndexedDatasetBuilder, one document per entry)")
+    x = prep.add_argument_group("execution")
+    x.add_argument("--executor", default="local", choices=["local", "slurm"],
+                   help="local: a process pool here; slurm: one job array per stage, chained "
+                        "with --dependency=afterok")
+    x.add_argument("--workers", type=int, default=1, help="local executor's processes")
+    x.add_argument("--partition-bytes", type=int, default=PrepareConfig.partition_bytes,
+                   help="input bytes per read task (whole files, one domain); fixes the "
+                        "output, unlike --workers")
+    x.add_argument("--slurm-partition", help="sbatch --partition")
+    x.add_argument("--slurm-cpus-per-task", type=int, default=1)
+    x.add_argument("--slurm-mem", help="sbatch --mem per task, e.g. 8G")
+    x.add_argument("--slurm-time", help="sbatch --time per task, e.g. 01:00:00")
+    x.add_argument("--slurm-log-dir", help="per-task logs (default: the work directory)")
+    x.add_argument("--slurm-extra", action="append", default=[], metavar="FLAG",
+                   help="another sbatch flag, e.g. --slurm-extra=--account=abc; repeatable")
 
     train = sub.add_parser("train-tokenizer", help="train a byte-level BPE on the sources")
     _add_input_flags(train)
@@ -83,16 +114,33 @@ def _ingest_config(args: argparse.Namespace) -> IngestConfig:
         FilterConfig(args.min_chars, args.max_bytes), args.text_field, args.strict)
 
 
+def _executor(args: argparse.Namespace) -> LocalExecutor | SlurmExecutor:
+    if args.executor == "local":
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        return LocalExecutor(args.workers)
+    if not shutil.which("sbatch"):
+        raise ValueError("--executor slurm needs sbatch on PATH")
+    return SlurmExecutor(SlurmOptions(args.slurm_partition, args.slurm_cpus_per_task,
+                                      args.slurm_mem, args.slurm_time, args.slurm_log_dir,
+                                      tuple(args.slurm_extra)))
+
+
 def _prepare(args: argparse.Namespace) -> None:
+    executor = _executor(args)
     cfg = PrepareConfig(
         sources=tuple(DomainSource.parse(spec) for spec in args.domain),
         output=args.output, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
         ingest=_ingest_config(args),
         minhash=MinHashConfig(args.ngram, args.num_perm, args.minhash_seed, args.bands,
-                              args.rows, args.threshold, args.minhash_hash, args.verify),
+                              args.rows, args.threshold, args.minhash_hash, args.verify,
+                              ShingleNormalization(args.shingle_lowercase,
+                                                   args.shingle_punctuation, args.shingle_digits,
+                                                   args.shingle_unicode)),
         near_dedup=not args.no_near_dedup, shard_max_docs=args.shard_max_docs,
-        shard_max_bytes=args.shard_max_bytes, reject_samples=args.reject_samples)
-    result = prepare(cfg)
+        shard_max_bytes=args.shard_max_bytes, reject_samples=args.reject_samples,
+        partition_bytes=args.partition_bytes, output_format=args.output_format)
+    result = prepare(cfg, executor)
     print(result.summary())
     print(f"wrote {len(result.manifest['shards'])} shards to {result.output} "
           f"(fingerprint {result.manifest['fingerprint'][:16]})")
@@ -123,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _train_tokenizer(args)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
-    except (InputError, DatasetError) as exc:
+    except (InputError, DatasetError, TaskFailed) as exc:
         parser.exit(1, f"error: {exc}\n")
     return 0
 

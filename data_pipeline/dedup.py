@@ -41,7 +41,7 @@ class NearDuplicates:
         return np.flatnonzero(self.kept != np.arange(len(self.kept)))
 
 
-def _band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
+def band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
     """One uint64 per row for a band; equal bands give equal keys, and the rare unequal
     bands that collide only add candidates that verification rejects."""
     block = sig[:, band * rows:(band + 1) * rows].astype(np.uint64)
@@ -56,7 +56,7 @@ def candidate_pairs(sig: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
     codes = []
     n = len(sig)
     for band in range(cfg.bands):
-        keys = _band_keys(sig, band, cfg.rows)
+        keys = band_keys(sig, band, cfg.rows)
         order = np.argsort(keys, kind="stable")
         sorted_keys = keys[order]
         for gap in range(1, BUCKET_WINDOW + 1):
@@ -78,7 +78,7 @@ def _find(parent: list[int], x: int) -> int:
     return x
 
 
-def _union_find(n: int, edges: np.ndarray) -> np.ndarray:
+def union_find(n: int, edges: np.ndarray) -> np.ndarray:
     """Component label of each row = its lowest row (the kept one)."""
     parent = list(range(n))
     for i, j in edges.tolist():
@@ -89,21 +89,34 @@ def _union_find(n: int, edges: np.ndarray) -> np.ndarray:
     return np.fromiter((_find(parent, x) for x in range(n)), dtype=np.int64, count=n)
 
 
-def _estimated(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+def best_partners(edges: np.ndarray, edge_j: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, partner, Jaccard): every row that has an edge, its partner with the highest
+    Jaccard (ties to the lower row)."""
+    ends = np.concatenate([edges[:, 0], edges[:, 1]])
+    others = np.concatenate([edges[:, 1], edges[:, 0]])
+    weights = np.concatenate([edge_j, edge_j])
+    # Visit edges from the highest Jaccard down, first one wins.
+    order = np.lexsort((others, -weights, ends))
+    rows, first = np.unique(ends[order], return_index=True)
+    return rows, others[order][first], weights[order][first]
+
+
+def estimated_jaccards(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return np.concatenate(
         [estimated_jaccard(sig[pairs[k:k + _VERIFY_CHUNK, 0]], sig[pairs[k:k + _VERIFY_CHUNK, 1]])
          for k in range(0, len(pairs), _VERIFY_CHUNK)] or [np.empty(0)])
 
 
-def _exact(pairs: np.ndarray, texts_of: Callable[[list[int]], list[str]], ngram: int
-           ) -> np.ndarray:
+def exact_jaccards(pairs: np.ndarray, texts_of: Callable[[list[int]], list[str]],
+                   cfg: MinHashConfig) -> np.ndarray:
     """Exact shingle-set Jaccard of each pair; sets are built per chunk of pairs, so memory
     holds the shingles of at most 2 x _VERIFY_CHUNK documents."""
     out = np.empty(len(pairs))
     for lo in range(0, len(pairs), _VERIFY_CHUNK):
         chunk = pairs[lo:lo + _VERIFY_CHUNK]
         rows = np.unique(chunk).tolist()
-        sets = dict(zip(rows, shingle_sets(texts_of(rows), ngram), strict=True))
+        sets = dict(zip(rows, shingle_sets(cfg.view(texts_of(rows)), cfg.ngram), strict=True))
         for k, (i, j) in enumerate(chunk.tolist()):
             a, b = sets[i], sets[j]
             shared = np.intersect1d(a, b, assume_unique=True).size
@@ -119,23 +132,17 @@ def near_duplicates(sig: np.ndarray, cfg: MinHashConfig,
     if cfg.verify == "exact":
         if texts_of is None:
             raise ValueError("exact verification needs the documents' texts")
-        estimates = _exact(pairs, texts_of, cfg.ngram)
+        estimates = exact_jaccards(pairs, texts_of, cfg)
     else:
-        estimates = _estimated(sig, pairs)
+        estimates = estimated_jaccards(sig, pairs)
     verified = estimates >= cfg.threshold
     edges, edge_j = pairs[verified], estimates[verified]
-    kept = _union_find(n, edges)
+    kept = union_find(n, edges)
 
     partner = np.full(n, -1, dtype=np.int64)
     partner_j = np.zeros(n)
-    # Each row's best partner: visit edges from the highest estimate down, first one wins.
-    ends = np.concatenate([edges[:, 0], edges[:, 1]])
-    others = np.concatenate([edges[:, 1], edges[:, 0]])
-    weights = np.concatenate([edge_j, edge_j])
-    order = np.lexsort((others, -weights, ends))
-    first = np.unique(ends[order], return_index=True)[1]
-    partner[ends[order][first]] = others[order][first]
-    partner_j[ends[order][first]] = weights[order][first]
+    rows, best, best_j = best_partners(edges, edge_j)
+    partner[rows], partner_j[rows] = best, best_j
 
     removed = kept != np.arange(n)
     jaccard_to_kept = np.ones(n)

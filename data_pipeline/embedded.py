@@ -136,11 +136,12 @@ def prepare_embedded(cache_dir: str | os.PathLike[str], vocab_size: int) -> Path
     """The embedded corpus through the full `prepare` pipeline (normalize, dedup, BPE, shards),
     once per (corpus, vocabulary): the trainer's default dataset. Safe to call from several
     processes; `prepare` publishes its output with an atomic rename."""
+    from data_pipeline.executors.local import LocalExecutor
     from data_pipeline.prepare import PrepareConfig, prepare
     from data_pipeline.sources import DomainSource
 
     corpus = load_embedded_corpus()
-    key = hashlib.sha256(f"{corpus.fingerprint}:{vocab_size}:v1".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{corpus.fingerprint}:{vocab_size}:v2".encode()).hexdigest()[:16]
     output = Path(cache_dir) / f"embedded-{key}"
     if (output / "manifest.json").is_file():
         return output
@@ -155,6 +156,8 @@ def prepare_embedded(cache_dir: str | os.PathLike[str], vocab_size: int) -> Path
                     if doc.domain == domain:
                         f.write(json.dumps({"text": doc.text}) + "\n")
             sources.append(DomainSource(domain, str(folder)))
+        # In this process: the trainer calls this, and a pool's fresh processes would
+        # re-import the training script.
         prepare(PrepareConfig(sources=tuple(sources), output=output, vocab_size=vocab_size,
-                              progress=False))
+                              progress=False), LocalExecutor(0))
     return output

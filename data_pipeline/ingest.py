@@ -7,7 +7,7 @@ filter rejections. Filter decisions (empty, too short, too long) are never error
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from data_pipeline.normalize import FilterConfig, NormalizeConfig, normalize, rejection
@@ -35,21 +35,27 @@ def ingest(sources: Sequence[DomainSource], cfg: IngestConfig, counts: dict[str,
     opts = ReadOptions(cfg.text_field, cfg.filters.max_bytes, cache_dir)
     for source in sorted(sources, key=lambda s: s.domain):
         domain = counts.setdefault(source.domain, DomainCounts())
-        for record in read_domain(source, opts):
-            domain.records_in += 1
-            if record.problem is not None:
-                if cfg.strict and record.problem in INPUT_ERRORS:
-                    raise InputError(f"{record.location}: {record.problem}: {record.detail}")
-                domain.reject(record.problem)
-                rejects.add(record.domain, record.source_id, record.location, record.problem,
-                            record.detail, None)
-                continue
-            assert record.text is not None  # Record guarantees text exactly when no problem
-            text = normalize(record.text, cfg.normalize)
-            reason = rejection(text, cfg.filters)
-            if reason is not None:
-                domain.reject(reason)
-                rejects.add(record.domain, record.source_id, record.location, reason,
-                            f"{len(text)} characters after normalization", text)
-                continue
-            yield record, text
+        yield from accept(read_domain(source, opts), cfg, domain, rejects)
+
+
+def accept(records: Iterable[Record], cfg: IngestConfig, domain: DomainCounts,
+           rejects: RejectLog) -> Iterator[tuple[Record, str]]:
+    """Normalize and filter records of one domain, counting and sampling what is dropped."""
+    for record in records:
+        domain.records_in += 1
+        if record.problem is not None:
+            if cfg.strict and record.problem in INPUT_ERRORS:
+                raise InputError(f"{record.location}: {record.problem}: {record.detail}")
+            domain.reject(record.problem)
+            rejects.add(record.domain, record.source_id, record.location, record.problem,
+                        record.detail, None)
+            continue
+        assert record.text is not None  # Record guarantees text exactly when no problem
+        text = normalize(record.text, cfg.normalize)
+        reason = rejection(text, cfg.filters)
+        if reason is not None:
+            domain.reject(reason)
+            rejects.add(record.domain, record.source_id, record.location, reason,
+                        f"{len(text)} characters after normalization", text)
+            continue
+        yield record, text

@@ -50,6 +50,8 @@ class LoaderConfig:
     # order) is validation; "train" takes the rest, "all" everything.
     split: str = "all"
     valid_every: int = 20
+    # tokenizer.json of Megatron prefixes that are not ours (they carry no tokenizer)
+    tokenizer_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.resolution < 1:
@@ -204,7 +206,8 @@ def _split(docs: np.ndarray, cfg: LoaderConfig) -> np.ndarray:
 
 
 def parse_data_path(data_path: Sequence[str]) -> list[tuple[float, str]]:
-    """Megatron's ``--data-path``: ``DIR`` or ``W1 DIR1 W2 DIR2 ...``."""
+    """Megatron's ``--data-path``: ``DIR`` or ``W1 DIR1 W2 DIR2 ...``; each DIR a prepared
+    dataset directory or a Megatron ``.bin``/``.idx`` prefix."""
     items = list(data_path)
     if len(items) == 1:
         return [(1.0, items[0])]
@@ -227,7 +230,7 @@ def blend_datasets(data_path: Sequence[str], cfg: LoaderConfig,
     dirs = [os.fspath(Path(p)) for _, p in pairs]
     if len(set(dirs)) != len(dirs):
         raise ValueError(f"--data-path names a directory twice: {dirs}")
-    store = DocumentStore(dirs, cfg.verify_shards)
+    store = DocumentStore(dirs, cfg.verify_shards, cfg.tokenizer_model)
     components = {d: _split(np.flatnonzero(store.dataset == k), cfg)
                   for k, d in enumerate(dirs)}
     if schedule is None:
@@ -240,7 +243,7 @@ def blend_domains(dataset_dirs: Sequence[str | os.PathLike[str]],
                   cfg: LoaderConfig) -> BlendedDataset:
     """One component per domain (pooled over the given datasets), with per-domain weights or a
     mixing schedule over the domains."""
-    store = DocumentStore(dataset_dirs, cfg.verify_shards)
+    store = DocumentStore(dataset_dirs, cfg.verify_shards, cfg.tokenizer_model)
     schedule = weights if isinstance(weights, MixingSchedule) else \
         MixingSchedule(list(weights), weights)
     unknown = sorted(set(schedule.domains) - set(store.domain_names))

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from data_pipeline.shingle_text import ShingleNormalization, shingle_view
 
 HASHES = ("fast", "sha1")
 VERIFY_MODES = ("exact", "estimated")
@@ -59,6 +61,14 @@ class MinHashConfig:
     # permutations, loses about half of the pairs just above the threshold and admits some
     # just below it).
     verify: str = "exact"
+    # What a shingle sees (lowercase, punctuation, digits, Unicode): see shingle_text.py.
+    shingle: ShingleNormalization = field(default_factory=ShingleNormalization)
+
+    def view(self, texts: Sequence[str]) -> Sequence[str]:
+        """The texts as shingles are cut from them."""
+        if not self.shingle.any:
+            return texts
+        return [shingle_view(t, self.shingle) for t in texts]
 
     def __post_init__(self) -> None:
         if self.ngram < 1:
@@ -194,7 +204,8 @@ def _fast_shingle_hashes(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, 
 
 def shingle_sets(texts: Sequence[str], ngram: int) -> list[np.ndarray]:
     """Each document's distinct shingles as sorted 64-bit hashes: exact Jaccard up to hash
-    collisions (~n^2 / 2^65 for n shingles)."""
+    collisions (~n^2 / 2^65 for n shingles). ``texts`` are already in shingle view
+    (``MinHashConfig.view``)."""
     out: list[np.ndarray] = []
     for lo, hi in _batches(texts):
         hashes, counts = _shingle_hashes64(texts[lo:hi], ngram)
@@ -253,6 +264,7 @@ def signatures(texts: Sequence[str], cfg: MinHashConfig) -> np.ndarray:
     a, b = permutations(cfg.num_perm, cfg.seed)
     shingle_hashes = _fast_shingle_hashes if cfg.hash == "fast" else _sha1_shingle_hashes
     out = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
+    texts = cfg.view(texts)
     for lo, hi in _batches(texts):
         hashes, counts = shingle_hashes(texts[lo:hi], cfg.ngram)
         out[lo:hi] = _min_over_permutations(hashes, counts, a, b)
@@ -266,6 +278,7 @@ def datasketch_signature(text: str, cfg: MinHashConfig, batch: bool = False) -> 
 
     sketch = MinHash(num_perm=cfg.num_perm, seed=cfg.seed,
                      hashfunc=shingle_hash if cfg.hash == "fast" else None)
+    text = cfg.view([text])[0]
     if batch:
         sketch.update_batch(shingles(text, cfg.ngram))
     else:

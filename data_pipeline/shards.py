@@ -38,7 +38,7 @@ def index_name(tar_name: str) -> str:
 class ShardSink:
     """Writes documents in order; ``close()`` builds every shard's index and returns them."""
 
-    def __init__(self, out_dir: Path, max_docs: int, max_bytes: int) -> None:
+    def __init__(self, out_dir: Path, max_docs: int, max_bytes: int, first_key: int = 0) -> None:
         if max_docs < 1 or max_bytes < 1:
             raise ValueError(f"shard limits must be >= 1, got {max_docs} docs, {max_bytes} bytes")
         self.out_dir = out_dir
@@ -46,7 +46,7 @@ class ShardSink:
         self._writer = wds.ShardWriter(str(out_dir / SHARD_PATTERN), maxcount=max_docs,
                                        maxsize=max_bytes, verbose=0, mtime=0.0)
         self._expected: dict[str, list[tuple[str, int, int]]] = {}
-        self._count = 0
+        self._count = first_key  # keys number documents across the whole dataset
 
     def write(self, tokens: np.ndarray, domain_id: int, domain: str, source_id: str) -> None:
         key = f"{self._count:010d}"

@@ -11,7 +11,7 @@ import glob
 import json
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,8 +85,13 @@ class ReadOptions:
 
 
 def read_domain(source: DomainSource, opts: ReadOptions) -> Iterator[Record]:
-    for path, name in source.files():
-        yield from _read_file(source.domain, path, name, opts)
+    yield from read_files(source.domain, source.files(), opts)
+
+
+def read_files(domain: str, files: Iterable[tuple[Path, str]], opts: ReadOptions
+               ) -> Iterator[Record]:
+    for path, name in files:
+        yield from _read_file(domain, Path(path), name, opts)
 
 
 def _read_file(domain: str, path: Path, name: str, opts: ReadOptions) -> Iterator[Record]:

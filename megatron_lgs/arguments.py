@@ -204,6 +204,8 @@ class DataArgs:
     data_path: tuple[str, ...] = ()
     domain_weights: tuple[tuple[str, float], ...] = ()  # per-domain form: code=0.7 prose=0.3
     vocab_size: int = 4096  # size of the BPE vocabulary trained on the embedded corpus
+    # tokenizer.json for --data-path Megatron prefixes that have no manifest of ours
+    tokenizer_model: str | None = None
     eod_mask_loss: bool = False  # Megatron-LM's default: predict the end-of-document token too
     data_cache_dir: str = ".cache/data"
     num_workers: int = 0
@@ -442,7 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=[],
-                   help="prepared dataset dirs: DIR, or WEIGHT DIR pairs")
+                   help="prepared dataset dirs or Megatron .bin/.idx prefixes: DIR, or "
+                        "WEIGHT DIR pairs")
+    _add(g, "--tokenizer-model", d.tokenizer_model, type=str,
+         help="tokenizer.json of --data-path Megatron prefixes not written by our prepare")
     g.add_argument("--domain-weights", nargs="+", default=[], metavar="DOMAIN=WEIGHT",
                    help="blend by domain instead of by dataset")
     _add(g, "--data-mix", d.data_mix, choices=["static", "dynamic"])

@@ -3,6 +3,7 @@ session fixtures in conftest.py and for tests that build variants of it)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -13,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.prepare import PrepareConfig, PrepareResult, prepare
 from data_pipeline.sources import DomainSource
 
@@ -82,9 +84,55 @@ def write_corpus(root: Path, seed: int = 0) -> Corpus:
     )
 
 
-def prepare_corpus(corpus: Corpus, output: Path, **kwargs) -> PrepareResult:
+def prepare_corpus(corpus: Corpus, output: Path, executor=None, **kwargs) -> PrepareResult:
+    """In this process (``LocalExecutor(0)``) unless an executor is given."""
     if "tokenizer" not in kwargs:
         kwargs.setdefault("vocab_size", VOCAB_SIZE)
     return prepare(PrepareConfig(sources=corpus.sources, output=output,
                                  shard_max_docs=kwargs.pop("shard_max_docs", 64),
-                                 progress=False, **kwargs))
+                                 progress=False, **kwargs),
+                   executor if executor is not None else LocalExecutor(0))
+
+
+def write_bad_directory(root: Path) -> dict[str, int]:
+    """Every kind of bad input, and the counts prepare must report for it."""
+    rng = np.random.default_rng(1)
+    good = iter(random_texts(rng, 20, (40, 80)))
+    root.mkdir()
+    (root / "good.jsonl").write_text("".join(json.dumps({"text": next(good)}) + "\n"
+                                             for _ in range(3)))
+    (root / "broken.jsonl").write_bytes(b"\n".join([
+        json.dumps({"text": next(good)}).encode(),
+        b'{"text": "unterminated',
+        b'{"text": "bad byte \xff here, long enough to pass the filters"}',
+        json.dumps({"title": "no text field"}).encode(),
+        json.dumps({"text": next(good)}).encode(),
+    ]) + b"\n")
+    (root / "invalid.txt").write_bytes(next(good).encode() + b"\nline two \xc3\x28\n")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "empty.jsonl").write_bytes(b"")
+    (root / "blank.txt").write_text("   \n\n\t\n")
+    (root / "short.txt").write_text("tiny")
+    with open(root / "huge.txt", "wb") as f:  # a 50 MB single document
+        f.write(b"lorem ipsum dolor sit amet " * (50 * 2**20 // 27 + 1))
+    members = {f"doc{k}.txt": next(good).encode() for k in range(3)}
+    whole = tar_bytes(members)
+    (root / "trunc.tar").write_bytes(whole[:512 + 512 + 600])  # cut inside member 2's data
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        third = tar.getmembers()[2].offset
+    (root / "cut.tar").write_bytes(tar_bytes({f"c{k}.txt": next(good).encode()
+                                              for k in range(3)})[:third])
+    (root / "notes.md").write_text("not a supported format")
+    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 2, "malformed_json": 1, "missing_text": 1,
+            "empty_file": 2, "empty": 1, "too_short": 1, "too_long": 1, "truncated_tar": 2,
+            "unsupported_file": 1}
+
+
+def digests(root: Path) -> dict[str, str]:
+    """Every file of a dataset and its sha256: what "byte-identical" compares."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# Small partitions, so the corpus (~250 kB in 46 files) makes several tasks per stage.
+STAGED = {"partition_bytes": 60_000, "output_format": "megatron"}

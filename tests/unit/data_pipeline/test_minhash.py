@@ -11,6 +11,7 @@ from data_pipeline.minhash import (
     signatures,
 )
 from data_pipeline.normalize import FilterConfig, NormalizeConfig, normalize, rejection
+from data_pipeline.shingle_text import ShingleNormalization, shingle_view
 
 
 def varied_texts():
@@ -45,10 +46,24 @@ def test_signatures_equal_datasketch(hash_name):
 
 def test_sha1_mode_is_datasketchs_default_minhash():
     text = varied_texts()[6]
+    cfg = MinHashConfig(hash="sha1")
     sketch = MinHash(num_perm=128, seed=1)  # sha1_hash32, affine32: datasketch's defaults
+    for shingle in shingles(cfg.view([text])[0], 5):  # shingles of the normalized text
+        sketch.update(shingle)
+    assert np.array_equal(signatures([text], cfg)[0], sketch.hashvalues)
+    # Normalization off: datasketch fed the raw text's shingles.
+    raw = MinHashConfig(hash="sha1", shingle=ShingleNormalization(False, False, False, False))
+    sketch = MinHash(num_perm=128, seed=1)
     for shingle in shingles(text, 5):
         sketch.update(shingle)
-    assert np.array_equal(signatures([text], MinHashConfig(hash="sha1"))[0], sketch.hashvalues)
+    assert np.array_equal(signatures([text], raw)[0], sketch.hashvalues)
+
+
+def test_shingle_view_folds_case_punctuation_digits_accents():
+    assert shingle_view('Café, "Page" 12.5!', ShingleNormalization()) == "cafe page 00"
+    assert shingle_view("Café 12", ShingleNormalization(unicode=False, digits=False)) == \
+        "café 12"
+    assert shingle_view("A.b", ShingleNormalization(False, False, False, False)) == "A.b"
 
 
 def test_signature_does_not_depend_on_the_batch():

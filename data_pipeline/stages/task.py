@@ -1,0 +1,76 @@
+"""One task of one stage: ``python -m data_pipeline.stages.task WORK STAGE INDEX`` (what a Slurm
+array element runs; the local executor calls ``run_task`` in its worker processes).
+
+A task whose marker is valid is skipped; otherwise it runs into a fresh temporary directory
+and commits (see ``common``). Peak memory and time go to ``STAGE/NNNNN.stats.json``, beside
+the outputs and not among them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from data_pipeline.stages.common import begin, commit, is_complete, load_plan, write_json
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM, so a worker that runs task after task
+    reports each task's own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | None:
+    """Run (or skip, when already complete) one task; its stats, or None when skipped."""
+    work = Path(work)
+    if is_complete(work, stage, index):
+        return None
+    # One thread per task: the executor's workers are the parallelism.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _reset_peak_rss()
+    start = time.perf_counter()
+    plan = load_plan(work)
+    module = importlib.import_module(f"data_pipeline.stages.{stage}")
+    tmp = begin(work, stage, index)
+    module.run(plan, work, index, tmp)
+    commit(work, stage, index, tmp)
+    stats = {"seconds": time.perf_counter() - start,
+             "peak_rss_mb": _peak_rss_mb()}
+    write_json(work / stage / f"{index:05d}.stats.json", stats)
+    return stats
+
+
+def main(argv: list[str]) -> int:
+    from data_pipeline.manifest import DatasetError
+    from data_pipeline.sources import InputError
+
+    work, stage, index = argv
+    try:
+        run_task(work, stage, int(index))
+    except (InputError, DatasetError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""The staged prepare: byte-identical output for 1, 2 and 4 workers (real process pools) and
+in-process; a run SIGKILLed in the signature stage resumes to the same output; a damaged task
+output is redone; Megatron's format read back by megatron-core; bad input under a pool."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from corpus_helpers import STAGED as FLAGS
+from corpus_helpers import VOCAB_SIZE, digests, prepare_corpus, write_bad_directory
+
+from data_pipeline.executors.local import LocalExecutor
+from data_pipeline.manifest import load_manifest
+from data_pipeline.prepare import work_dir
+from data_pipeline.shard_reader import DocumentStore
+
+REPO = Path(__file__).resolve().parents[3]
+def cli(corpus, output: Path, *extra: str) -> subprocess.Popen:
+    domains = [f"--domain={s.domain}={s.pattern}" for s in corpus.sources]
+    return subprocess.Popen(
+        [sys.executable, "-m", "data_pipeline", "prepare", *domains, "--output", str(output),
+         "--vocab-size", str(VOCAB_SIZE), "--shard-max-docs", "64", "--partition-bytes",
+         str(FLAGS["partition_bytes"]), "--output-format", "megatron", *extra],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """In this process, one task after another."""
+    return prepare_corpus(corpus, tmp_path_factory.mktemp("ref") / "ds", **FLAGS)
+
+
+def test_plan_has_several_tasks_per_stage(reference):
+    assert len(reference.manifest["shards"]) >= 4
+    assert reference.manifest["config"]["partition_bytes"] == FLAGS["partition_bytes"]
+    counts = reference.manifest["counts"]
+    assert counts["web"]["exact_duplicates"] == 1 and counts["web"]["near_duplicates"] == 2
+
+
+@pytest.mark.slow
+def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference, tmp_path):
+    expected = digests(reference.output)
+    for workers in (2, 4):
+        out = tmp_path / f"w{workers}"
+        prepare_corpus(corpus, out, executor=LocalExecutor(workers), **FLAGS)
+        assert digests(out) == expected, workers
+
+    # The command line with one worker, SIGKILLed once the signature stage has begun.
+    out = tmp_path / "killed"
+    work = work_dir(out.absolute())
+    proc = cli(corpus, out, "--executor", "local", "--workers", "1")
+    deadline = time.monotonic() + 300
+    while not list((work / "signatures").glob("*.done")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = sorted(p.name for p in (work / "signatures").glob("*.done"))
+    n_partitions = len(list((work / "read").glob("*.done")))
+    assert 1 <= len(done) < n_partitions, "killed after the signature stage had finished"
+    assert not out.exists()
+    # Damage two finished outputs: a truncated read output, a flipped byte in a signature file.
+    texts = work / "read" / "00001" / "texts.bin"
+    texts.write_bytes(texts.read_bytes()[:-7])
+    sig = work / "signatures" / done[0].removesuffix(".done") / "sig.npy"
+    raw = bytearray(sig.read_bytes())
+    raw[-1] ^= 0xFF
+    sig.write_bytes(bytes(raw))
+
+    executor = LocalExecutor(0)
+    prepare_corpus(corpus, out, executor=executor, **FLAGS)
+    ran = {stage: [i for i, s in enumerate(stats) if s is not None]
+           for stage, stats in executor.stats.items()}
+    assert ran["read"] == [1]  # the damaged one only: the rest were complete
+    assert int(done[0][:5]) in ran["signatures"]
+    assert len(ran["signatures"]) == n_partitions - len(done) + 1
+    assert digests(out) == expected
+    assert not work.exists()
+
+    out1 = tmp_path / "cli1"
+    proc = cli(corpus, out1, "--workers", "1")
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    assert digests(out1) == expected
+
+
+def test_megatron_prefixes_hold_the_shards_documents(reference):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    store = DocumentStore([reference.output])
+    manifest = load_manifest(reference.output)
+    for k, domain in enumerate(manifest["domains"]):
+        data = IndexedDataset(str(reference.output / "megatron" / domain))
+        docs = np.flatnonzero(store.domain == k)
+        assert len(data.document_indices) - 1 == len(docs) == manifest["counts"][domain]["kept"]
+        for seq, doc in enumerate(docs.tolist()):
+            assert np.array_equal(data[seq], store.read(doc))
+        # Read back through our own Megatron reader too (the --data-path path).
+        prefix = DocumentStore([reference.output / "megatron" / domain])
+        assert prefix.vocab_size == store.vocab_size and prefix.domain_names == [domain]
+        assert all(np.array_equal(prefix.read(j), store.read(d))
+                   for j, d in enumerate(docs.tolist()))
+
+
+@pytest.mark.slow
+def test_bad_input_under_a_pool(tmp_path):
+    expected = write_bad_directory(tmp_path / "bad")
+    base = [sys.executable, "-m", "data_pipeline", "prepare", "--domain",
+            f"bad={tmp_path / 'bad'}", "--vocab-size", "300", "--partition-bytes", "200",
+            "--workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([*base, "--output", str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    counts = load_manifest(tmp_path / "out")["counts"]["bad"]
+    kept = expected.pop("kept")
+    assert counts["kept"] == kept and counts["rejected"] == expected
+    strict = subprocess.run([*base, "--output", str(tmp_path / "strict"), "--strict"], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
+    err = strict.stderr.strip()
+    assert strict.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {tmp_path / 'bad' / 'broken.jsonl'}:2: malformed_json")
+    assert not (tmp_path / "strict").exists() and not work_dir(tmp_path / "strict").exists()
