@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import run_pretrain
 from tests.distributed.multinode import FLAGS, losses_by_iteration, torchrun_on_nodes
+from tests.distributed.slurm_cluster import SlurmCluster, ensure_installed, make_root
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +40,20 @@ def two_node_dp4(emulated_2x2, tmp_path_factory, data_cache) -> tuple[dict[int, 
         save / "logs")
     assert exits.status == 0, logs[-4000:]
     return losses_by_iteration(save), logs
+
+
+@pytest.fixture(scope="session")
+def slurm_single() -> Iterator[SlurmCluster]:
+    """One real single-node Slurm cluster (slurmctld, slurmd, munged on this machine) for the
+    session: the launch tests and the Slurm executor of `prepare` share it."""
+    import shutil
+
+    ensure_installed()
+    root = make_root("lgs-slurm-")
+    cluster = SlurmCluster.single_node(root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_slurm import Cluster, _ensure_installed
+from tests.distributed.slurm_cluster import SlurmCluster
 from tests.unit.data_pipeline.corpus_helpers import STAGED as FLAGS
 from tests.unit.data_pipeline.corpus_helpers import (
     VOCAB_SIZE,
@@ -30,21 +27,12 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    _ensure_installed()
-    root = Path(tempfile.mkdtemp(prefix="lgs-prep-slurm-", dir="/tmp"))
-    root.chmod(0o755)  # munged wants o+x on every directory above its socket
-    c = Cluster(root)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
+@pytest.fixture
+def cluster(slurm_single):
+    return slurm_single
 
 
-def prepare_on_slurm(cluster: Cluster, domains: list[str], output: Path, *extra: str
+def prepare_on_slurm(cluster: SlurmCluster, domains: list[str], output: Path, *extra: str
                      ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "data_pipeline", "prepare", *domains, "--output", str(output),

@@ -3,42 +3,20 @@ and munge, installed here when missing), 2 tasks, to a checkpoint; a second subm
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.distributed.slurm_cluster import (
-    SlurmCluster,
-    ensure_installed,
-    make_root,
     python_for_jobs,
 )
 
 pytestmark = pytest.mark.slow
 
 
-class Cluster(SlurmCluster):
-    """The single-node cluster (this machine, 127.0.0.1), under the name other tests import."""
-
-    def __init__(self, root: Path) -> None:
-        one = SlurmCluster.single_node(root)
-        super().__init__(root, one.nodes, one.cpus_per_node)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    ensure_installed()
-    root = make_root("lgs-slurm-")
-    c = Cluster(root)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
+@pytest.fixture
+def cluster(slurm_single):
+    return slurm_single
 
 
 def test_sbatch_trains_two_tasks_to_a_checkpoint_then_resumes(cluster, data_cache):
