@@ -15,7 +15,9 @@ the model-parallel communication is added where Megatron puts it on the critical
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
   virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B;
 - recompute: `full` runs each layer's forward (with its communication) again before its
-  backward, `selective` the core attention only.
+  backward, `selective` the core attention only;
+- host: each layer direction lasts at least the time the host needs to issue its kernels
+  (`host_overhead`, binding only for small layers).
 
 The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - max_k c_k) / v
 (c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
