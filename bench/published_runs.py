@@ -25,26 +25,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_lgs.lgs.flops import flops_with_full_recompute  # noqa: E402
 from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
+from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
              "Clusters Using Megatron-LM' (SC21, arXiv 2104.04473), Table 1; same rows in "
              "Megatron-LM's README of 2021 (images/cases_april2021.png)")
-# Megatron-LM of April 2021: FP16, full recompute, unfused attention (no FlashAttention yet),
-# no sequence parallelism or distributed optimizer, gradients all-reduced after the backward,
-# 8 x 80 GB A100 per node with 8 HDR NICs (Selene). Micro-batch size is not in the table: 1
-# (the repository's GPT-3 175B example of the time); non-interleaved 1F1B.
+NARAYANAN_SCRIPT = ("Megatron-LM examples/academic_paper_scripts/sc21/run_table_1.sh and "
+                    "CONFIG.sh (the authors' launch script for Table 1)")
+# Megatron-LM of April 2021 as that script runs it: FP16 (--fp16), full uniform recompute,
+# unfused attention (no FlashAttention yet), no sequence parallelism or distributed optimizer,
+# sequence 2048; micro-batch size and layers per virtual stage from the script; --DDP-impl
+# torch (PyTorch DDP, all-reduce overlapped with the last micro-batch's backward in its
+# default 25 MB buckets) for the rows without PP, local (all-reduce after the backward) for
+# the others. 8 x 80 GB A100 per
+# node with 8 HDR NICs (Selene).
+TORCH_DDP_BUCKET_MB = 25  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
 NARAYANAN_RUNS = [
-    # name, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU (recompute counted)
-    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    # name, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU (recompute counted),
+    # micro-batch, virtual stages, torch DDP
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, True),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, True),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1, True),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1, True),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1, False),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3, False),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2, False),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2, False),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3, False),
+    ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1, False),
 ]
 
 MEGATRON_H100 = ("Megatron-LM README, 'Training Speed and Scalability' (Megatron-Core r0.8.0, "
@@ -71,15 +79,18 @@ MEGATRON_H100_RUNS = [
 
 def narayanan_rows() -> list[dict]:
     rows = []
-    for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in NARAYANAN_RUNS:
+    for name, heads, hidden, layers, tp, pp, gpus, batch, tflops, mbs, vpp, torch_ddp in \
+            NARAYANAN_RUNS:
         rows.append({
             "source": NARAYANAN, "published": tflops, "metric": "TFLOP/s/GPU (with recompute)",
+            "layout_source": NARAYANAN_SCRIPT,
+            "bucket_mb": TORCH_DDP_BUCKET_MB if torch_ddp else None,
             "run": {"id": f"narayanan21-{name}", "gpu": "a100-80gb", "num_gpus": gpus,
                     "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 51200,
-                    "seq_length": 2048, "tp": tp, "pp": pp, "micro_batch": 1,
+                    "seq_length": 2048, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": mbs,
                     "global_batch": batch, "recompute": "full", "precision": "fp16",
                     "sequence_parallel": False, "flash_attention": False,
-                    "overlap_grad_reduce": False, "distributed_optimizer": False}})
+                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False}})
     return rows
 
 
@@ -115,8 +126,12 @@ def _fastest_vpp(run: dict) -> StepEstimate:
 
 
 def predicted(row: dict) -> tuple[float, StepEstimate]:
-    est = _fastest_vpp(row["run"]) if row.get("vpp") == "fastest" else \
-        predict_run(run_from_dict(row["run"]))
+    if row.get("vpp") == "fastest":
+        est = _fastest_vpp(row["run"])
+    else:
+        mb = row.get("bucket_mb")
+        th = Thresholds(mb * MB, mb * MB) if mb else None
+        est = predict_run(run_from_dict(row["run"]), th)
     r = est.run
     if row["metric"].endswith("(with recompute)"):
         value = flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12

@@ -23,6 +23,8 @@ fitted to a training run. Sources:
 - [FA2] T. Dao, FlashAttention-2 (2023), fig. 4-7: forward+backward reaches 50-73% of peak on
   A100 (head dim 128, causal, seq 2k-8k); [FA3] J. Shah et al., FlashAttention-3 (2024): FA2
   reaches ~35% of H100's peak, FA3 BF16 forward ~75%, backward ~55%.
+- [LAUNCH] J. Huang Lin, "From PyTorch op to kernel launch" (GPU kernel serving, lesson 18):
+  per-layer CPU costs of one eager op, ~5-25 us before the kernel runs.
 - [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
   (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
 """
@@ -43,6 +45,10 @@ HBM_EFFICIENCY = 0.85  # [STREAM]
 # runs at half speed, 4096 at 97%); the same curve on every GPU, its ceiling per profile from
 # [MAMF].
 GEMM_HALF_DIM = 128.0
+# Host time to issue one kernel from PyTorch eager (Python, autograd and ATen dispatch plus
+# cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
+# launch is ~1-3 us; we take 10 us. Not GPU-specific; it binds only where kernels are short.
+HOST_S_PER_KERNEL = 10e-6
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ the model-parallel communication is added where Megatron puts it on the critical
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
   virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B;
 - recompute: `full` runs each layer's forward (with its communication) again before its
-  backward, `selective` the core attention only.
+  backward, `selective` the core attention only;
+- host: each layer direction lasts at least the time the host needs to issue its kernels
+  (`host_overhead`, binding only for small layers).
 
 The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - max_k c_k) / v
 (c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
@@ -34,11 +36,12 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
-from megatron_lgs.lgs.gpus import GpuProfile, get_gpu, link_profile
+from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
     gemm_fwd_bwd,
+    gemm_time,
     memory_time,
     tp_collective_time,
 )
@@ -54,9 +57,20 @@ from megatron_lgs.lgs.timeline import (
 from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
 
 OPTIMIZER_BYTES_PER_PARAM = 34
-TERMS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm",
-         "moe_all_to_all", "pp_p2p", "pipeline_bubble", "dp_grad_sync", "param_all_gather",
-         "optimizer")
+TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
+         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "dp_grad_sync",
+         "param_all_gather", "optimizer")
+# Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
+# norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
+# bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
+# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's 4 TP collectives
+# each way when tp > 1.
+LAYER_KERNELS_FWD, LAYER_KERNELS_BWD, LAYER_TP_COLLECTIVES = 10, 16, 4
+# Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
+# r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
+# logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
+# (2); backward multiplies in place (2) and casts the gradient back to BF16 (1 + 0.5).
+CE_PASSES_FWD, CE_PASSES_BWD = 9.5, 3.5
 
 
 @dataclass
@@ -117,22 +131,35 @@ def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
     return 2 * one
 
 
-def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile) -> tuple[float, float]:
-    """A linear layer next to a TP collective. With `tp_comm_overlap` Transformer Engine splits
-    it into tp chunks along the tokens, each overlapping one step of the ring exchange (TE's
-    comm-GEMM overlap), so the GEMMs run at the shape of a chunk."""
+# Transformer Engine's comm-GEMM overlap as Megatron-LM's --tp-comm-overlap sets it up
+# (transformer_engine/pytorch/module/base.py `initialize_ub`, TE 1.8 defaults, the version of
+# Megatron-Core r0.8): the all-gather before a column-parallel forward and a row-parallel data
+# gradient is a ring exchange, one GEMM chunk per TP rank; the reduce-scatter after a
+# row-parallel forward is pipelined in 4 splits; the column-parallel data and weight gradients
+# overlap their collectives in bulk with whole GEMMs; weight gradients are never split.
+UB_PIPELINE_SPLITS = 4
+
+
+def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
+             ) -> tuple[float, float]:
+    """(forward, backward) of a TP linear layer y = x W, x (m x k), W (k x n).
+
+    With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap (above)."""
+    fwd_split = dgrad_split = 1
     if r.tp_comm_overlap and r.tp > 1:
-        f, b = gemm_fwd_bwd(m / r.tp, n, k, gpu, r.precision)
-        return r.tp * f, r.tp * b
-    return gemm_fwd_bwd(m, n, k, gpu, r.precision)
+        fwd_split, dgrad_split = (r.tp, 1) if column else (UB_PIPELINE_SPLITS, r.tp)
+    p = r.precision
+    fwd = fwd_split * gemm_time(m / fwd_split, n, k, gpu, p)
+    dgrad = dgrad_split * gemm_time(m / dgrad_split, k, n, gpu, p)
+    return fwd, dgrad + gemm_time(k, n, m, gpu, p)
 
 
 def _dense_mlp(r: Run, gpu: GpuProfile, tok: float) -> tuple[float, float, float, float]:
     """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd) of the dense MLP."""
     t, h, f = r.tp, r.hidden, r.ffn_hidden
     mats = 2 if r.swiglu else 1
-    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu)
-    f2 = _tp_gemm(r, tok, h, f / t, gpu)
+    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu, column=True)
+    f2 = _tp_gemm(r, tok, h, f / t, gpu, column=False)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
     fp, bp = (3, 5) if r.swiglu else (2, 3)
     act = tok * f / t * 2
@@ -163,13 +190,25 @@ def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
     return fwd, bwd, elem_f, elem_b, a2a
 
 
+def _host_bound(r: Run, c: Cost) -> None:
+    """The GPU waits for the host where launching a layer's kernels outlasts running them.
+
+    The host enqueues kernels asynchronously, so a layer takes max(GPU time, host time) per
+    direction; `host_overhead` is what the host adds beyond the GPU's own work.
+    """
+    coll = LAYER_TP_COLLECTIVES if r.tp > 1 else 0
+    for times, kernels in ((c.fwd, LAYER_KERNELS_FWD), (c.bwd, LAYER_KERNELS_BWD)):
+        host = (kernels + coll) * HOST_S_PER_KERNEL
+        times["host_overhead"] = max(0.0, host - sum(times.values()))
+
+
 def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     """One transformer layer, one micro-batch, one GPU."""
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu)
-    proj = _tp_gemm(r, tok, h, h / t, gpu)
+    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
+    proj = _tp_gemm(r, tok, h, h / t, gpu, column=False)
     gf, gb = qkv[0] + proj[0], qkv[1] + proj[1]
     if r.num_experts:
         mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
@@ -206,6 +245,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
         kv_bytes = tok * 2 * r.kv_dim / t * 2
         ring = (r.cp - 1) * (link.alpha_s + kv_bytes / link.bandwidth_Bps)
         c.fwd["cp_comm"], c.bwd["cp_comm"] = max(0.0, ring - af), max(0.0, 2 * ring - ab)
+    _host_bound(r, c)
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
     elif r.recompute == "selective":
@@ -218,9 +258,9 @@ def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
     tok = r.micro_batch * r.seq_length / r.cp
     f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, r.precision)
     c.fwd["gemm"], c.bwd["gemm"] = f, b
-    # FP32 cross-entropy over the vocabulary shard: 3 passes forward, 2 backward, 4 B each.
     ce = tok * r.vocab / r.tp * 4
-    c.fwd["elementwise"], c.bwd["elementwise"] = memory_time(3 * ce, gpu), memory_time(2 * ce, gpu)
+    c.fwd["elementwise"] = memory_time(CE_PASSES_FWD * ce, gpu)
+    c.bwd["elementwise"] = memory_time(CE_PASSES_BWD * ce, gpu)
     return c
 
 

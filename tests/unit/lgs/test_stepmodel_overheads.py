@@ -1,0 +1,79 @@
+"""Whole-step model: host launch overhead, the cross-entropy passes and TE's comm-GEMM overlap
+chunks, each against a hand calculation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, HOST_S_PER_KERNEL, get_gpu, link_profile
+from megatron_lgs.lgs.kernels import gemm_time
+from megatron_lgs.lgs.runspec import run_from_dict
+from megatron_lgs.lgs.stepmodel import (
+    UB_PIPELINE_SPLITS,
+    _logits_cost,
+    _tp_gemm,
+    layer_cost,
+    predict_run,
+)
+
+H100 = get_gpu("h100-sxm")
+BASE = {"id": "t", "gpu": "h100-sxm", "num_gpus": 8, "num_layers": 4, "hidden": 256,
+        "heads": 4, "vocab": 1024, "seq_length": 128, "tp": 1, "pp": 1, "micro_batch": 1,
+        "global_batch": 8}
+
+
+def run(**kw):
+    return run_from_dict({**BASE, **kw})
+
+
+def test_host_overhead_by_hand() -> None:
+    hw = link_profile(H100)
+    # A tiny layer: its kernels run for less than the host needs to issue them.
+    c = layer_cost(run(), H100, hw)
+    gpu_f = sum(v for k, v in c.fwd.items() if k != "host_overhead")
+    gpu_b = sum(v for k, v in c.bwd.items() if k != "host_overhead")
+    assert 10 * HOST_S_PER_KERNEL > gpu_f  # the case is host-bound, else the test is moot
+    assert c.fwd["host_overhead"] == pytest.approx(10 * HOST_S_PER_KERNEL - gpu_f)
+    assert c.bwd["host_overhead"] == pytest.approx(16 * HOST_S_PER_KERNEL - gpu_b)
+    assert c.fwd_s == pytest.approx(10 * HOST_S_PER_KERNEL)
+    # With TP the layer's 4 collectives each way are kernels too.
+    t = layer_cost(run(tp=2, sequence_parallel=False), H100, hw)
+    assert t.fwd_s == pytest.approx(max(14 * HOST_S_PER_KERNEL,
+                                        t.fwd_s - t.fwd["host_overhead"]))
+    # A large layer hides the host entirely.
+    big = layer_cost(run(hidden=8192, heads=64, seq_length=4096), H100, hw)
+    assert big.fwd["host_overhead"] == big.bwd["host_overhead"] == 0.0
+    # Full recompute re-issues the forward's kernels: never faster.
+    r = run()
+    assert predict_run(replace(r, recompute="full")).step_time_s > predict_run(r).step_time_s
+
+
+def test_cross_entropy_passes_by_hand() -> None:
+    r = run(tp=2, sequence_parallel=True)
+    c = _logits_cost(r, H100)
+    fp32_logits = 128 * 1024 / 2 * 4
+    hbm = 3350e9 * HBM_EFFICIENCY
+    # Forward: cast (1.5), max (1), subtract (2), exp (2), sum (1), divide (2); backward:
+    # multiply (2), cast back (1.5), in units of the FP32 logits shard.
+    assert c.fwd["elementwise"] == pytest.approx(9.5 * fp32_logits / hbm)
+    assert c.bwd["elementwise"] == pytest.approx(3.5 * fp32_logits / hbm)
+
+
+def test_te_comm_gemm_overlap_chunks_by_hand() -> None:
+    r = run(hidden=4096, heads=32, seq_length=4096, tp=8, num_gpus=8, tp_comm_overlap=True)
+    m, n, k = 4096, 3 * 4096 / 8, 4096
+    g = lambda a, b, c: gemm_time(a, b, c, H100, "bf16")  # noqa: E731
+    # Column-parallel: ring-exchange forward in tp chunks, bulk-overlapped backward unsplit.
+    f, b = _tp_gemm(r, m, n, k, H100, column=True)
+    assert f == pytest.approx(8 * g(m / 8, n, k))
+    assert b == pytest.approx(g(m, k, n) + g(k, n, m))
+    # Row-parallel: pipelined forward in 4 splits, ring-exchange data gradient in tp chunks.
+    f, b = _tp_gemm(r, m, k, n, H100, column=False)
+    assert UB_PIPELINE_SPLITS == 4
+    assert f == pytest.approx(4 * g(m / 4, k, n))
+    assert b == pytest.approx(8 * g(m / 8, n, k) + g(n, k, m))
+    # Without the overlap nothing is split.
+    f, b = _tp_gemm(replace(r, tp_comm_overlap=False), m, n, k, H100, column=True)
+    assert (f, b) == pytest.approx((g(m, n, k), g(m, k, n) + g(k, n, m)))
