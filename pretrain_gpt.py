@@ -59,7 +59,6 @@ def datasets_provider(cfg: Config) -> Datasets:
     from data_pipeline import DatasetError
     from data_pipeline.embedded import prepare_embedded
     from data_pipeline.loader import LoaderConfig, blend_datasets, blend_domains
-    from data_pipeline.prepare import TOKENIZER_FILE
     from data_pipeline.shard_reader import DocumentStore
 
     d = cfg.data
@@ -91,7 +90,7 @@ def datasets_provider(cfg: Config) -> Datasets:
     return Datasets(train=train, valid=valid, vocab_size=train.store.vocab_size,
                     fingerprint=f"{train.fingerprint}/{valid.fingerprint}",
                     schedule=train.schedule, valid_by_domain=valid_by_domain,
-                    tokenizer_file=str(train.store.dataset_dirs[0] / TOKENIZER_FILE))
+                    tokenizer_file=str(train.store.tokenizer_file))
 
 
 if __name__ == "__main__":

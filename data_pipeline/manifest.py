@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 MANIFEST = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"  # beside the manifest of every prepared dataset
 FORMAT = "megatron-lgs/webdataset-tokens"
 FORMAT_VERSION = 1
 # Inside a shard, a document's tokens are the member ``<key>.tokens.i32``: raw little-endian

@@ -28,7 +28,6 @@ from data_pipeline.stages import STAGES, finalize
 from data_pipeline.stages.common import PLAN, Partition, Plan, read_json, task_dir, write_json
 from data_pipeline.stats import DomainCounts, summary_table
 
-TOKENIZER_FILE = "tokenizer.json"
 REJECTS_FILE = finalize.REJECTS_FILE
 DEDUP_REPORT = finalize.DEDUP_REPORT
 OUTPUT_FORMATS = ("webdataset", "megatron")

@@ -19,6 +19,7 @@ import numpy as np
 
 from data_pipeline.manifest import (
     TOKEN_DTYPE,
+    TOKENIZER_FILE,
     DatasetError,
     file_sha256,
     load_index,
@@ -66,6 +67,10 @@ class DocumentStore:
                                    f"(--tokenizer-model tokenizer.json)")
             self.manifests.append({"domains": [d.name], "tokenizer": record,
                                    "fingerprint": docs.fingerprint, "shards": []})
+        # The tokenizer.json these documents were made with (a checkpoint copies it).
+        first = self.dataset_dirs[0]
+        self.tokenizer_file: Path = Path(tokenizer) if tokenizer is not None else (
+            prefixes[0].manifest.parent if 0 in prefixes else first) / TOKENIZER_FILE
         tokenizers = {m["tokenizer"]["sha256"] for m in self.manifests}
         if len(tokenizers) != 1:
             raise DatasetError(f"datasets {[str(d) for d in self.dataset_dirs]} were tokenized "

@@ -16,10 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from data_pipeline.manifest import TOKEN_DTYPE, file_sha256, load_index, write_manifest
+from data_pipeline.manifest import (
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    file_sha256,
+    load_index,
+    write_manifest,
+)
 from data_pipeline.shards import SHARD_PATTERN, index_name
 from data_pipeline.stages.common import Plan, read_json, task_dir
-from data_pipeline.stages.vocab import TOKENIZER_FILE
 from data_pipeline.stats import DomainCounts
 from data_pipeline.tokenizer import eod_id, load_tokenizer
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from data_pipeline.manifest import TOKENIZER_FILE
 from data_pipeline.sources import InputError
 from data_pipeline.stages.clusters import kept_rows
 from data_pipeline.stages.common import Plan, Texts, partition_rows, read_json, task_dir
 from data_pipeline.stats import summary_table
 from data_pipeline.tokenizer import eod_id, load_tokenizer, train_bpe_tokenizer
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def tasks(plan: Plan) -> int:

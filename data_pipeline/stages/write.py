@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.manifest import TOKENIZER_FILE
 from data_pipeline.shards import ShardSink
 from data_pipeline.stages import clusters, exact
 from data_pipeline.stages.common import (
@@ -21,7 +22,6 @@ from data_pipeline.stages.common import (
     task_dir,
     write_json,
 )
-from data_pipeline.stages.vocab import TOKENIZER_FILE
 from data_pipeline.tokenizer import load_tokenizer
 
 _TOKENIZE_BATCH = 256
