@@ -29,3 +29,5 @@ test-fast: install
 bench: install
 	$(PY) bench/step_overhead.py
 	$(PY) bench/lgs_simulate.py
+	$(PY) bench/published_runs.py
+	$(PY) bench/async_save.py --rounds 3

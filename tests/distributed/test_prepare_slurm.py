@@ -9,10 +9,12 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from data_pipeline.sources import DomainSource
 from tests.distributed.slurm_cluster import SlurmCluster
 from tests.unit.data_pipeline.corpus_helpers import STAGED as FLAGS
 from tests.unit.data_pipeline.corpus_helpers import (
@@ -42,25 +44,24 @@ def prepare_on_slurm(cluster: SlurmCluster, domains: list[str], output: Path, *e
 
 
 def test_slurm_output_equals_local_and_failures_name_the_log(cluster):
+    # One corpus with a domain of every kind of bad input: the Slurm run must equal the local
+    # one byte for byte and count the bad input the same way.
     root = cluster.root / "data"
     corpus = write_corpus(root / "src")
-    local = prepare_corpus(corpus, root / "local", **FLAGS)
-    domains = [f"--domain={s.domain}={s.pattern}" for s in corpus.sources]
+    expected = write_bad_directory(root / "bad")
+    with_bad = replace(corpus, sources=(*corpus.sources, DomainSource("bad", str(root / "bad"))))
+    local = prepare_corpus(with_bad, root / "local", **FLAGS)
+    domains = [f"--domain={s.domain}={s.pattern}" for s in with_bad.sources]
     proc = prepare_on_slurm(cluster, domains, root / "slurm", "--vocab-size", str(VOCAB_SIZE),
                             "--shard-max-docs", "64", "--partition-bytes",
                             str(FLAGS["partition_bytes"]), "--output-format", "megatron")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert digests(root / "slurm") == digests(local.output)
-
-    expected = write_bad_directory(root / "bad")
-    bad = [f"--domain=bad={root / 'bad'}", "--vocab-size", "300", "--partition-bytes", "200"]
-    proc = prepare_on_slurm(cluster, bad, root / "bad-out")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    counts = json.loads((root / "bad-out" / "manifest.json").read_text())
+    assert digests(root / "slurm") == digests(local.output)
+    counts = json.loads((root / "slurm" / "manifest.json").read_text())["counts"]["bad"]
     kept = expected.pop("kept")
-    assert counts["counts"]["bad"]["rejected"] == expected
-    assert counts["counts"]["bad"]["kept"] == kept
+    assert counts["rejected"] == expected and counts["kept"] == kept
 
+    bad = [f"--domain=bad={root / 'bad'}", "--vocab-size", "300", "--partition-bytes", "200"]
     logs = root / "logs"
     proc = prepare_on_slurm(cluster, [*bad, "--strict", "--slurm-log-dir", str(logs)],
                             root / "strict-out")

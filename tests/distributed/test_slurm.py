@@ -3,8 +3,6 @@ and munge, installed here when missing), 2 tasks, to a checkpoint; a second subm
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.distributed.slurm_cluster import (
@@ -41,34 +39,3 @@ def test_sbatch_trains_two_tasks_to_a_checkpoint_then_resumes(cluster, data_cach
     assert (state, code) == ("COMPLETED", "0:0"), logs[-4000:]
     assert f"loaded checkpoint from {save} at iteration 4" in logs
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "6"
-
-
-def test_preempted_job_saves_requeues_itself_and_finishes(cluster, data_cache):
-    save = cluster.root / "ckpt-preempt"
-    out = cluster.root / "preempt-%j.out"
-    env = {"SAVE": str(save), "CONFIG": "tiny-cpu", "PYTHON": python_for_jobs()}
-    job = cluster.submit(
-        "--ntasks=2", f"--output={out}", "launch/slurm/pretrain_gpt.sbatch", "--train-iters",
-        "300", "--num-layers", "2", "--vocab-size", "512", "--data-cache-dir", data_cache,
-        "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1", env=env)
-    metrics = save / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().count('"train"') >= 5):
-        assert time.monotonic() < deadline, "training never started"
-        time.sleep(0.5)
-    # What Slurm does before a time limit (--signal=B:TERM@120), delivered now.
-    cluster.run("scancel", "--batch", "--signal=TERM", job)
-    deadline = time.monotonic() + 900
-    while True:
-        fields = cluster.job(job)
-        if fields.get("JobState") == "COMPLETED" and fields.get("Restarts") == "1":
-            break
-        cluster.hurry_requeued(fields)
-        assert fields.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), fields
-        assert time.monotonic() < deadline, fields
-        time.sleep(1)
-    logs = "\n".join(p.read_text() for p in cluster.root.glob("preempt-*.out"))
-    assert "received SIGTERM" in logs and "preempted; requeueing" in logs
-    resumed_at = int(logs.split(f"loaded checkpoint from {save} at iteration ")[1].split()[0])
-    assert 5 <= resumed_at < 300
-    assert (save / "latest_checkpointed_iteration.txt").read_text() == "300"
