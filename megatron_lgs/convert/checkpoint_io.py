@@ -33,6 +33,21 @@ from megatron_lgs.run_state import RunState
 
 
 @contextmanager
+def into_place(out: Path) -> Iterator[Path]:
+    """Yield OUT.partial to write into; rename it to `out` (absent or empty) only when the
+    block completes, and leave nothing behind when it does not."""
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        yield partial
+        if out.exists():
+            out.rmdir()  # empty: the caller checked
+        os.replace(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextmanager
 def single_process(seed: int = 1234) -> Iterator[None]:
     """A world of one process (gloo, in-memory store) with megatron's groups all of size 1;
     inside an enclosing one (a test's, a tool calling another) it is that one."""

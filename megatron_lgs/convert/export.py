@@ -6,7 +6,6 @@ and renamed into place, so a failure leaves nothing behind."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -51,15 +50,8 @@ def to_hf(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
         model = checkpoint_io.load_full_model(directory, record)
         state = hf_mapping.to_hf(checkpoint_io.full_state_dict(model), record.model,
                                  record.vocab_size)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with checkpoint_io.into_place(out) as partial:
         write_hf(config, state, tokenizer, partial)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return out
 
 

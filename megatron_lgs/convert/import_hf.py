@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -91,23 +90,15 @@ def from_hf(hf_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) 
             from None
     record = ModelRecord(model=m, vocab_size=config.vocab_size, precision="fp32",
                          tensor_model_parallel_size=1)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        with checkpoint_io.single_process():
-            model = checkpoint_io.build_full_model(record)
-            state = hf_mapping.from_hf(hf_model.state_dict(), m, config.vocab_size,
-                                       checkpoint_io.padded_vocab(record))
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            missing = [k for k in missing if not k.endswith("_extra_state")]
-            if missing or unexpected:  # a mapping bug, never a user error
-                raise RuntimeError(f"mapping mismatch: missing {missing}, unexpected "
-                                   f"{unexpected}")
-            partial.mkdir(parents=True)
-            checkpoint_io.save_weights_checkpoint(model, record, tokenizer_file, partial)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with checkpoint_io.into_place(out) as partial, checkpoint_io.single_process():
+        model = checkpoint_io.build_full_model(record)
+        state = hf_mapping.from_hf(hf_model.state_dict(), m, config.vocab_size,
+                                   checkpoint_io.padded_vocab(record))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:  # a mapping bug, never a user error
+            raise RuntimeError(f"mapping mismatch: missing {missing}, unexpected "
+                               f"{unexpected}")
+        partial.mkdir(parents=True)
+        checkpoint_io.save_weights_checkpoint(model, record, tokenizer_file, partial)
     return out
