@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,7 +77,7 @@ class StepTime:
 class Worker:
     """One rank's models and batches; `flags` are trainer flags (Megatron-LM names)."""
 
-    def __init__(self, flags: list[str], micro_batches: int) -> None:
+    def __init__(self, flags: list[str], micro_batches: int, comm_priority: bool = True) -> None:
         import torch
 
         from megatron_lgs import initialize
@@ -96,6 +97,10 @@ class Worker:
                                       (t.micro_batch_size, m.seq_length + 1), generator=g)
                         for _ in range(micro_batches)]
         self.position_ids = torch.arange(m.seq_length).expand(t.micro_batch_size, m.seq_length)
+        self.comm_priority = comm_priority
+        self._prioritized: set[int] = set()
+        if comm_priority:  # before the calibration probe, which measures the same conditions
+            self.prioritize_communication()
 
     def build(self, cfg, log=lambda _: None):
         from megatron_lgs import initialize
@@ -111,7 +116,10 @@ class Worker:
         parallel_state, and with more than one instance megatron's DDP takes the *partial*
         data-parallel group for every model built while they are set; so they are set only
         for this build (a DDP keeps the groups it was built with) and then put back."""
-        cfg = replace(cfg, optim=replace(cfg.optim, num_distributed_optimizer_instances=instances))
+        # megatron-core refuses its all-to-all reduce-scatter flag here, but the flag sets a
+        # module global on the first DDP built with it, so (d) reduces the same way anyway.
+        cfg = replace(cfg, optim=replace(cfg.optim, num_distributed_optimizer_instances=instances,
+                                         reduce_scatter_with_fp32_accumulation=False))
         self._parallel_state(cfg)
         try:
             return self.build(cfg)
@@ -129,6 +137,8 @@ class Worker:
     def step(self, ddp) -> tuple[StepTime, float]:
         """One step of `micro_batches` micro-batches (no_sync on all but the last, as
         megatron's schedule does); returns its times and the last micro-batch's loss."""
+        if self.comm_priority:
+            self.prioritize_communication()
         started = time.perf_counter()
         ddp.zero_grad_buffer()
         for j, tokens in enumerate(self.batches):
@@ -142,6 +152,22 @@ class Worker:
         ddp.finish_grad_sync()
         done = time.perf_counter()
         return StepTime(done - started, computed - started, done - computed), loss.item()
+
+    def prioritize_communication(self) -> None:
+        """Real-time priority for every thread of this rank but the training thread: gloo's
+        workers and transport loop, LGS's communication thread. On a GPU node communication has
+        its own engines (NIC DMA, a few SMs) and compute does not delay it; here four ranks'
+        compute shares two cores and would starve it (a wake-up waits for a time slice).
+        Threads that appear later (new groups, LGS's thread) are raised at the next step."""
+        main = threading.get_native_id()
+        for tid in map(int, os.listdir("/proc/self/task")):
+            if tid == main or tid in self._prioritized:
+                continue
+            try:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+            except ProcessLookupError:  # the thread ended meanwhile
+                continue
+            self._prioritized.add(tid)
 
     def tune(self, ddp, cfg, max_steps: int) -> dict:
         """The trainer's online tuner (`lgs.online.OnlineTuning`, decided on rank 0 and
@@ -196,9 +222,12 @@ class _Null:
 
 def model_flags(a) -> list[str]:
     """Trainer flags of the benchmarks' GPT (distributed optimizer: megatron's two-level form
-    needs it, and every scheme runs with it so they move the same bytes)."""
+    needs it, and every scheme runs with it so they move the same bytes). Every reduce-scatter
+    is megatron-core's all-to-all + FP32 sum unless --ring-reduce-scatter: gloo's own
+    reduce-scatter moves as many bytes as an all-reduce and needs more CPU (README)."""
     mb = a.micro_batches if isinstance(a.micro_batches, int) else a.micro_batches[0]
-    return ["--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size),
+    rs = [] if a.ring_reduce_scatter else ["--reduce-scatter-with-fp32-accumulation"]
+    return [*rs, "--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size),
             "--num-attention-heads", str(a.heads), "--seq-length", str(a.seq_length),
             "--micro-batch-size", str(a.micro_batch_size),
             "--global-batch-size", str(a.micro_batch_size * a.world * mb),
@@ -212,6 +241,12 @@ def add_model_args(p, *, hidden: int, layers: int, seq: int, vocab: int) -> None
     p.add_argument("--seq-length", type=int, default=seq)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--vocab-size", type=int, default=vocab)
+    p.add_argument("--ring-reduce-scatter", action="store_true",
+                   help="gloo's own reduce-scatter instead of megatron-core's all-to-all one "
+                        "(--reduce-scatter-with-fp32-accumulation) for every scheme")
+    p.add_argument("--no-comm-priority", dest="comm_priority", action="store_false",
+                   help="leave communication threads at normal priority (by default they get "
+                        "real-time priority over the compute thread, as on a GPU node)")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--worker", action="store_true", help=argparse_suppress())

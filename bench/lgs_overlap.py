@@ -71,7 +71,7 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_lgs.lgs.recommend import recommend, workload_for_config
 
     nodes, per_node = a.nodes, a.gpus_per_node
-    w = Worker(model_flags(a), a.micro_batches[0])
+    w = Worker(model_flags(a), a.micro_batches[0], a.comm_priority)
     cfg = w.cfg
     hw, meas = calibrate.measure_profile(cfg, w.platform, calibrate.job_levels(cfg, per_node))
     overlap = replace(cfg.optim, overlap_grad_reduce=True)
@@ -221,7 +221,8 @@ def int8_loss_gap(a: argparse.Namespace, gbit: float, tmp: Path) -> None:
             "--global-batch-size", str(a.micro_batch_size * world),
             "--data-cache-dir", str(tmp / "data"),
             "--use-distributed-optimizer", "--lgs", "--lgs-intra-threshold-mb", "4",
-            "--lgs-inter-threshold-mb", "2"]
+            "--lgs-inter-threshold-mb", "2",
+            *([] if a.ring_reduce_scatter else ["--reduce-scatter-with-fp32-accumulation"])]
     runs = {}
     with emulated_cluster(nodes=a.nodes, gpus_per_node=a.gpus_per_node, inter_gbit=gbit) as c:
         for name, extra in (("LGS", []), ("LGS int8", ["--lgs-compress", "int8"])):

@@ -44,7 +44,7 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_lgs.lgs.timeline import MB, Thresholds, predict_step
 
     grid = a.grid
-    w = Worker(model_flags(a), a.micro_batches)
+    w = Worker(model_flags(a), a.micro_batches, a.comm_priority)
     cfg = w.cfg
     hw, meas = calibrate.measure_profile(cfg, w.platform,
                                          calibrate.job_levels(cfg, a.gpus_per_node))

@@ -144,6 +144,10 @@ class OptimizerConfig:
     # megatron-core's two-level form: the distributed optimizer sharded inside each of N groups
     # of data-parallel ranks (reduce-scatter inside, all-reduce of the shard across them).
     num_distributed_optimizer_instances: int = 1
+    # megatron-core's all-to-all reduce-scatter with a local FP32 sum, for every gradient
+    # reduce-scatter (megatron's buckets and LGS's hops). On gloo it moves (p-1)/p of the
+    # buffer where gloo's own reduce-scatter moves as much as an all-reduce (README, LGS).
+    reduce_scatter_with_fp32_accumulation: bool = False
     # ZeRO-3 (parameters sharded too): Megatron-FSDP; implies the distributed optimizer.
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
@@ -351,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--num-distributed-optimizer-instances", o.num_distributed_optimizer_instances,
          help="shard the distributed optimizer inside N groups of data-parallel ranks "
               "(e.g. one per node) and all-reduce the shards across them")
+    _add(g, "--reduce-scatter-with-fp32-accumulation", o.reduce_scatter_with_fp32_accumulation,
+         help="reduce-scatter gradients as an all-to-all plus a local FP32 sum "
+              "(megatron-core's implementation; needs --use-distributed-optimizer)")
     _add(g, "--use-megatron-fsdp", o.use_megatron_fsdp,
          help="Megatron-FSDP (implies --use-distributed-optimizer)")
     _add(g, "--data-parallel-sharding-strategy", o.data_parallel_sharding_strategy,
@@ -572,6 +579,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     _validate_zero(cfg)
     _validate_instances(cfg)
+    _validate_fp32_reduce_scatter(cfg.optim)
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
     if o.lr < o.min_lr:
@@ -675,6 +683,18 @@ def _validate_hardware(spec: str | None) -> None:
         load_profile(spec)
     except ProfileError as exc:
         raise ConfigError(f"--lgs-hardware {exc}") from None
+
+
+def _validate_fp32_reduce_scatter(o: OptimizerConfig) -> None:
+    if not o.reduce_scatter_with_fp32_accumulation:
+        return
+    if not o.use_distributed_optimizer or o.use_megatron_fsdp:
+        raise ConfigError("--reduce-scatter-with-fp32-accumulation replaces the distributed "
+                          "optimizer's reduce-scatter: it needs --use-distributed-optimizer "
+                          "(and not --use-megatron-fsdp)")
+    if o.num_distributed_optimizer_instances > 1:
+        raise ConfigError("--reduce-scatter-with-fp32-accumulation does not combine with "
+                          "--num-distributed-optimizer-instances > 1 (megatron-core refuses it)")
 
 
 def _validate_instances(cfg: Config) -> None:

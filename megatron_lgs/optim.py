@@ -49,6 +49,7 @@ def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.distributed_optimizer,
         num_distributed_optimizer_instances=o.num_distributed_optimizer_instances,
+        reduce_scatter_with_fp32_accumulation=o.reduce_scatter_with_fp32_accumulation,
         bucket_size=sync.fine_bucket_size(
             parallel_state.get_data_parallel_world_size(with_context_parallel=True),
             o.use_distributed_optimizer) if cfg.lgs.lgs else o.ddp_bucket_size,

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from megatron_lgs.lgs.costmodel import HardwareProfile, Link
 from megatron_lgs.lgs.hardware import save_profile
-from megatron_lgs.lgs.sync import Levels, build_levels
+from megatron_lgs.lgs.sync import Levels, build_levels, reduce_scatter
 from megatron_lgs.lgs.workload import layer_backward_flops, stage_backward
 
 KB = 1 << 10
@@ -91,7 +91,7 @@ def fit_link(samples: list[tuple[int, float]], p: int) -> Link:
 
 
 def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
-                repeats: int) -> list[tuple[int, float]]:
+                repeats: int, all_to_all: bool = False) -> list[tuple[int, float]]:
     """(bytes, seconds) of reduce-scatters over `group`, run by every rank at once (ranks
     outside such a group only take part in the timing's barriers)."""
     out = []
@@ -105,7 +105,7 @@ def probe_level(group: dist.ProcessGroup | None, p: int, sizes: tuple[int, ...],
             dst = torch.empty(numel // p, dtype=torch.float32)
 
             def fn(src=src, dst=dst) -> None:
-                dist.reduce_scatter_single(dst, src, group=group)
+                reduce_scatter(dst, src, group, all_to_all=all_to_all)
         out.append((4 * numel, _timed(fn, repeats)))
     return out
 
@@ -178,8 +178,9 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
                          "pipeline parallelism")
     started = time.perf_counter()
     g, m = levels.per_node, levels.nodes
-    intra = probe_level(levels.intra, g, probe.intra_sizes, probe.repeats) if g > 1 else []
-    inter = probe_level(levels.inter, m, probe.inter_sizes, probe.repeats) if m > 1 else []
+    a2a = cfg.optim.reduce_scatter_with_fp32_accumulation  # the reduce-scatter the run uses
+    intra = probe_level(levels.intra, g, probe.intra_sizes, probe.repeats, a2a) if g > 1 else []
+    inter = probe_level(levels.inter, m, probe.inter_sizes, probe.repeats, a2a) if m > 1 else []
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     # The probe's dropout draws must not move the run's random streams.
@@ -198,7 +199,7 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
 
             def comm() -> None:
                 for _ in range(k):
-                    dist.reduce_scatter_single(dst, src, group=group)
+                    reduce_scatter(dst, src, group, all_to_all=a2a)
 
             overlap = probe_overlap(probe_model.step, comm, step_s, k * t_one,
                                     probe.repeats)
@@ -224,7 +225,8 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
                f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
         efficiency=1.0, overlap=overlap)
     measurements = {
-        "nodes": m, "ranks_per_node": g, "collective": "reduce_scatter",
+        "nodes": m, "ranks_per_node": g,
+        "collective": "all_to_all + fp32 sum" if a2a else "reduce_scatter",
         "intra_samples": intra, "inter_samples": inter,
         "one_layer_gpt_step_s": step_s, "backward_s_per_layer": backward_s,
         "backward_flops_per_layer": flops, "overlap": overlap,

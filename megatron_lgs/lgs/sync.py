@@ -8,9 +8,11 @@ takes over *which buckets fire together and how*: `install` (the one place that 
 megatron-core, pinned to 0.16.1 and tested in tests/unit/lgs/test_lgs_pins.py) routes each
 parameter's grad-ready signal to the engine and replaces the DDP's finish/zero calls.
 
-A bucket of the plan is reduced on a communication thread as soon as all its gradients are
-ready on the last micro-batch, in three hops over a data-parallel group of N nodes x g ranks
-(ranks node-major; rank r = n g + l, and r's chunk of every gradient is what it owns):
+A bucket of the plan is reduced as soon as all its gradients are ready on the last
+micro-batch, in three hops over a data-parallel group of N nodes x g ranks (ranks node-major;
+rank r = n g + l, and r's chunk of every gradient is what it owns). Hop 1 runs on an intra-node
+thread, hops 2-3 on an inter-node thread (each with its own CUDA stream), so one bucket crosses
+the slow link while the next is reduced inside the node:
 
   1. intra-node reduce-scatter: local rank l gets the node's sum of chunks {n' g + l}   (g x)
   2. inter-node reduce-scatter (distributed optimizer: rank r keeps its own chunk, done) or
@@ -24,6 +26,7 @@ reaches the optimizer is exactly megatron's reduced gradient, summed in another 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,6 +39,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core.distributed.reduce_scatter_with_fp32_accumulation import (
+    reduce_scatter_with_fp32_accumulation,
+)
 
 from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
@@ -50,7 +56,7 @@ from megatron_lgs.lgs.plan import (
 )
 
 MEGATRON_CORE_VERSION = "0.16.1"  # install() relies on this version's DDP internals
-_TRACE_THREADS = {"backward": 1, "communication": 2}
+_TRACE_THREADS = {"backward": 1, "intra-node": 2, "inter-node": 3}
 
 
 # -- topology -----------------------------------------------------------------------------------
@@ -75,6 +81,9 @@ class Levels:
     rank: int
     intra: dist.ProcessGroup | None  # None when g == 1
     inter: dist.ProcessGroup | None  # None when N == 1
+    # Plain DDP's closing intra-node all-gather runs on the inter-node thread, beside the next
+    # buckets' reduce-scatters: a group of its own keeps each group's collectives in one order.
+    intra_gather: dist.ProcessGroup | None = None
 
     @property
     def name(self) -> str:
@@ -102,23 +111,23 @@ def build_levels(groups: list[dist.ProcessGroup], per_node: int) -> list[Levels]
             return [], []
         return members, [[m[i] for m in members] for i in range(g)]
 
-    made: dict[tuple[int, ...], tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = {}
+    made: dict[tuple[int, ...], list[dist.ProcessGroup | None]] = {}
     for ranks in distinct:
         intra, inter = split(ranks)
-        pair = []
-        for sub in (intra, inter):
+        made[ranks] = []
+        for sub in (intra, inter, intra):
             useful = [s for s in sub if len(s) > 1]
-            pair.append(dist.new_subgroups_by_enumeration(useful)[0] if useful else None)
-        made[ranks] = (pair[0], pair[1])
+            made[ranks].append(dist.new_subgroups_by_enumeration(useful)[0] if useful else None)
 
     levels = []
     for group, ranks in zip(groups, mine, strict=True):
         intra_lists, _ = split(tuple(ranks))
         nodes = len(intra_lists) or len(ranks)
         per = len(ranks) // nodes
-        intra, inter = made[tuple(ranks)]
+        intra, inter, gather = made[tuple(ranks)]
         levels.append(Levels(len(ranks), nodes, per, dist.get_rank(group),
-                             intra if per > 1 else None, inter if nodes > 1 else None))
+                             intra if per > 1 else None, inter if nodes > 1 else None,
+                             gather if per > 1 else None))
     return levels
 
 
@@ -130,6 +139,16 @@ def fine_bucket_size(dp_size: int, distributed_optimizer: bool) -> int:
     elements leave real elements on every rank (the padding is under one lcm and the last
     shard starts (D-1)/D in), as megatron's per-bucket optimizer bookkeeping expects."""
     return dp_size * math.lcm(dp_size, 128) if distributed_optimizer else 1
+
+
+def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None, *,
+                   all_to_all: bool) -> None:
+    """Sum-reduce-scatter `inp` into `out`: the backend's own collective, or megatron-core's
+    all-to-all + local FP32 sum (`--reduce-scatter-with-fp32-accumulation`)."""
+    if all_to_all:
+        reduce_scatter_with_fp32_accumulation(out, inp, dist.ReduceOp.SUM, group, False)
+    else:
+        dist.reduce_scatter_single(out, inp, group=group)
 
 
 # -- one megatron buffer ------------------------------------------------------------------------
@@ -149,9 +168,19 @@ class _Fine:
             return flat.view(d, self.chunk)
         return torch.nn.functional.pad(flat, (0, d * self.chunk - self.numel)).view(d, self.chunk)
 
-    def write_rows(self, d: int, rows: torch.Tensor) -> None:
-        if self.numel != d * self.chunk:
-            self.bucket.grad_data.copy_(rows.reshape(-1)[: self.numel])
+    def write(self, d: int, lo: int, hi: int, values: torch.Tensor,
+              row: int | None = None) -> None:
+        """Columns [lo, hi) of every row, or of `row` only, from `values` ([rows, hi - lo]).
+        Only those columns are written: another bucket may be reducing the unit's others."""
+        rows = range(d) if row is None else [row]
+        if self.numel == d * self.chunk:
+            self.bucket.grad_data.view(d, self.chunk)[rows[0]:rows[-1] + 1, lo:hi] = values
+            return
+        flat = self.bucket.grad_data
+        for i, r in enumerate(rows):
+            start, end = r * self.chunk + lo, min(r * self.chunk + hi, self.numel)
+            if start < end:
+                flat[start:end] = values[i, :end - start]
 
 
 @dataclass
@@ -182,7 +211,7 @@ class _BufferSync:
 class StepStats:
     """What one step's gradient sync cost, as seen by this rank."""
 
-    comm_seconds: float = 0.0  # busy time of the communication thread
+    comm_seconds: float = 0.0  # busy time of the communication threads (summed)
     exposed_seconds: float = 0.0  # time the training thread waited for communication
     bytes_intra: int = 0  # sent by this rank (ring algorithm accounting)
     bytes_inter: int = 0
@@ -193,37 +222,48 @@ class StepStats:
     ignored_ready: int = 0  # grad-ready signals outside the last micro-batch (no_sync)
 
 
-# -- the communication thread -------------------------------------------------------------------
+# -- the communication threads ------------------------------------------------------------------
 class _Worker:
-    """One FIFO communication thread per process, shared by every engine: collectives then run
-    in the same order on every rank, whatever the number of model chunks."""
+    """A FIFO communication thread, one per hop and process, shared by every engine: each
+    group's collectives then run in the same order on every rank, whatever the number of model
+    chunks. A job may return a follow-up (worker, job) that inherits its `done`: a bucket's
+    intra-node hop hands it to the inter-node thread, so bucket k crosses the slow link while
+    bucket k+1 is reduced inside the node."""
 
-    def __init__(self) -> None:
+    def __init__(self, hop: str) -> None:
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="lgs-comm", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"lgs-{hop}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
             job, done = self.jobs.get()
+            follow = None
             try:
-                if self.error is None:
-                    job()
+                if _error() is None:
+                    follow = job()
             except BaseException as exc:  # surfaced on the training thread in finish()
                 self.error = exc
-            finally:
+            if follow is None:
                 done()
+            else:
+                worker, next_job = follow
+                worker.jobs.put((next_job, done))
 
 
-_WORKER: _Worker | None = None
+_WORKERS: dict[str, _Worker] = {}
+HOPS = ("intra-node", "inter-node")
 
 
-def _worker() -> _Worker:
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = _Worker()
-    return _WORKER
+def _worker(hop: str) -> _Worker:
+    if hop not in _WORKERS:
+        _WORKERS[hop] = _Worker(hop)
+    return _WORKERS[hop]
+
+
+def _error() -> BaseException | None:
+    return next((w.error for w in _WORKERS.values() if w.error is not None), None)
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -241,8 +281,11 @@ class LgsEngine:
             if config.lgs_memory_cap_mb else None
         self.per_node, self.per_node_source = gpus_per_node(config.lgs_gpus_per_node)
         self.distributed_optimizer = ddps[0].ddp_config.use_distributed_optimizer
+        # --reduce-scatter-with-fp32-accumulation: the same all-to-all reduce-scatter as
+        # megatron's buckets, so LGS and megatron differ only in when and over whom they reduce.
+        self.all_to_all_reduce_scatter = ddps[0].ddp_config.reduce_scatter_with_fp32_accumulation
         self.cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-        self.comm_stream = torch.cuda.Stream() if self.cuda else None
+        self.streams = {hop: torch.cuda.Stream() for hop in HOPS} if self.cuda else {}
 
         names = {p: n for ddp in ddps for n, p in ddp.module.named_parameters()}
         buffers = [(f"{kind}{i if len(ddps) > 1 else ''}", b) for i, ddp in enumerate(ddps)
@@ -351,11 +394,11 @@ class LgsEngine:
         with self._span("wait for gradient sync", "backward"), self._cond:
             while self._outstanding:
                 self._cond.wait()
-        if self.cuda:
-            torch.cuda.current_stream().wait_stream(self.comm_stream)
+        for stream in self.streams.values():
+            torch.cuda.current_stream().wait_stream(stream)
         self.stats.exposed_seconds += time.perf_counter() - started
-        if _worker().error is not None:
-            raise RuntimeError("LGS gradient sync failed") from _worker().error
+        if _error() is not None:
+            raise RuntimeError("LGS gradient sync failed") from _error()
         if self._golden is None:
             self._golden = dict(self._counts)
             if self.config.lgs_layer_weighting == "measured":
@@ -414,75 +457,80 @@ class LgsEngine:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-        _worker().jobs.put((lambda: self._reduce(bs, k, ready), done))
+        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready), done))
 
-    # -- the reduction (communication thread) ---------------------------------------------------
-    def _reduce(self, bs: _BufferSync, k: int, ready) -> None:
+    # -- the reduction (communication threads) --------------------------------------------------
+    def _on_stream(self, hop: str, wait_for):
+        """The hop's CUDA stream, after `wait_for` (an event); nothing on CPU."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        self.streams[hop].wait_event(wait_for)
+        return torch.cuda.stream(self.streams[hop])
+
+    def _busy(self, started: float) -> None:
+        with self._cond:
+            self.stats.comm_seconds += time.perf_counter() - started
+
+    def _intra_hop(self, bs: _BufferSync, k: int, ready):
+        """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
+        the node's sum of rows {n' g + l}. Hands the rest to the inter-node thread."""
         started = time.perf_counter()
-        if self.cuda:
-            self.comm_stream.wait_event(ready)
-            with torch.cuda.stream(self.comm_stream):
-                self._reduce_bucket(bs, k)
-        else:
-            self._reduce_bucket(bs, k)
-        self.stats.comm_seconds += time.perf_counter() - started
-
-    def _reduce_bucket(self, bs: _BufferSync, k: int) -> None:
-        lv, bucket = bs.levels, bs.plan.buckets[k]
+        lv, segments = bs.levels, bs.plan.buckets[k].segments
         d, n, g = lv.size, lv.nodes, lv.per_node
-        segments = bucket.segments
-        widths = [s.hi - s.lo for s in segments]
-        width = sum(widths)
-        rows = {s.unit: bs.fine[s.unit].rows(d) for s in segments}
-        staging = torch.cat([rows[s.unit][:, s.lo:s.hi] for s in segments], dim=1)
-        scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
-        if scale != 1.0:
-            staging.mul_(scale)
-        name = f"{bs.key}/{k}"
-
-        if g > 1:  # 1. intra-node reduce-scatter: rows {n' g + l} to local rank l
-            with self._span("intra reduce-scatter " + name):
-                part = torch.empty(n, width, dtype=staging.dtype, device=staging.device)
-                # gloo wants flat tensors: the output's first dim x g must be the input's.
-                dist.reduce_scatter_single(
-                    part.view(-1), staging.view(n, g, width).transpose(0, 1).reshape(-1),
-                    group=lv.intra)
-            self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
-        else:
+        handoff = None
+        with self._on_stream("intra-node", ready):
+            staging = torch.cat([bs.fine[s.unit].rows(d)[:, s.lo:s.hi] for s in segments], dim=1)
+            scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
+            if scale != 1.0:
+                staging.mul_(scale)
             part = staging
-        if n > 1:  # 2. inter-node hop, in messages of at most the inter threshold
-            result = self._inter(bs, segments, part)
-        else:
-            result = part
-        if self.distributed_optimizer:
-            mine = result if result.dim() == 1 else result[0]
-            self._scatter(bs, segments, widths, lv.rank, mine, rows, d)
-            return
-        if g > 1:  # 3. intra-node all-gather
-            with self._span("intra all-gather " + name):
-                gathered = torch.empty(g, n, width, dtype=result.dtype, device=result.device)
-                dist.all_gather_into_tensor(gathered.view(-1), result.reshape(-1),
-                                            group=lv.intra)
-            self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
-            full = gathered.transpose(0, 1).reshape(d, width)
-        else:
-            full = result
-        off = 0
-        for s, w in zip(segments, widths, strict=True):
-            rows[s.unit][:, s.lo:s.hi] = full[:, off:off + w]
-            off += w
-        for u in {s.unit for s in segments}:
-            bs.fine[u].write_rows(d, rows[u])
+            if g > 1:
+                with self._span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
+                    part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
+                                       device=staging.device)
+                    # gloo wants flat tensors: the output's first dim x g must be the input's.
+                    reduce_scatter(
+                        part.view(-1),
+                        staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
+                        lv.intra, all_to_all=self.all_to_all_reduce_scatter)
+                self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
+            if self.cuda:
+                handoff = torch.cuda.Event()
+                handoff.record()
+        self._busy(started)
+        return _worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
 
-    def _scatter(self, bs: _BufferSync, segments, widths, r: int, mine: torch.Tensor,
-                 rows: dict[int, torch.Tensor], d: int) -> None:
-        """Distributed optimizer: only this rank's chunk is written (megatron does the same)."""
+    def _inter_hop(self, bs: _BufferSync, k: int, part: torch.Tensor, handoff) -> None:
+        """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
+        the intra-node all-gather; then the reduced columns go back into megatron's buffer."""
+        started = time.perf_counter()
+        lv, segments = bs.levels, bs.plan.buckets[k].segments
+        d, n, g = lv.size, lv.nodes, lv.per_node
+        with self._on_stream("inter-node", handoff):
+            result = self._inter(bs, segments, part) if n > 1 else part
+            if self.distributed_optimizer:  # only this rank's chunk (megatron does the same)
+                mine = (result if result.dim() == 1 else result[0]).unsqueeze(0)
+                self._write_back(bs, segments, mine, lv.rank)
+            else:
+                full = result
+                if g > 1:
+                    with self._span(f"intra all-gather {bs.key}/{k}", "inter-node"):
+                        gathered = torch.empty(g, n, result.shape[-1], dtype=result.dtype,
+                                               device=result.device)
+                        dist.all_gather_into_tensor(gathered.view(-1), result.reshape(-1),
+                                                    group=lv.intra_gather)
+                    self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
+                    full = gathered.transpose(0, 1).reshape(d, -1)
+                self._write_back(bs, segments, full, None)
+        self._busy(started)
+
+    def _write_back(self, bs: _BufferSync, segments, values: torch.Tensor,
+                    row: int | None) -> None:
         off = 0
-        for s, w in zip(segments, widths, strict=True):
-            rows[s.unit][r, s.lo:s.hi] = mine[off:off + w]
+        for s in segments:
+            w = s.hi - s.lo
+            bs.fine[s.unit].write(bs.levels.size, s.lo, s.hi, values[:, off:off + w], row)
             off += w
-        for u in {s.unit for s in segments}:
-            bs.fine[u].write_rows(d, rows[u])
 
     def _inter_pieces(self, bs: _BufferSync, width: int) -> list[tuple[int, int]]:
         """Column ranges of the inter-node message: each at most the inter threshold."""
@@ -508,12 +556,13 @@ class LgsEngine:
             self.stats.inter_messages += 1
             with self._span(f"inter {'int8 ' if compressed else ''}"
                             f"{'reduce-scatter' if self.distributed_optimizer else 'all-reduce'}"
-                            f" {name}"):
+                            f" {name}", "inter-node"):
                 if compressed:
                     out = self._inter_int8(bs, piece, send_res[:, lo:hi], gather_res[:, lo:hi])
                 elif self.distributed_optimizer:
                     out = torch.empty(hi - lo, dtype=piece.dtype, device=piece.device)
-                    dist.reduce_scatter_single(out, piece.view(-1), group=lv.inter)
+                    reduce_scatter(out, piece.view(-1), lv.inter,
+                                   all_to_all=self.all_to_all_reduce_scatter)
                     self.stats.bytes_inter += (n - 1) * out.numel() * out.element_size()
                 else:
                     dist.all_reduce(piece, group=lv.inter)
@@ -605,7 +654,7 @@ class LgsEngine:
                                 "tid": _TRACE_THREADS[thread], "s": "t",
                                 "args": {"step": self.steps}})
 
-    def _span(self, name: str, thread: str = "communication"):
+    def _span(self, name: str, thread: str):
         engine = self
 
         class _Span:

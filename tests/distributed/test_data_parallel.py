@@ -21,7 +21,9 @@ def reference(tmp_path_factory, data_cache) -> list[float]:
 
 
 @pytest.mark.parametrize("extra", [[], ["--use-distributed-optimizer"],
-                                   ["--use-distributed-optimizer", "--overlap-grad-reduce"]])
+                                   ["--use-distributed-optimizer", "--overlap-grad-reduce"],
+                                   ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                    "--reduce-scatter-with-fp32-accumulation"]])
 def test_two_ranks_match_one_process_with_the_same_global_batch(reference, tiny, tmp_path,
                                                                 extra):
     run = run_pretrain([*tiny, *STEPS, *extra], nproc=2, save_dir=tmp_path / "ckpt")

@@ -35,6 +35,9 @@ CASES = {
     "distopt, split large tensors": ["--use-distributed-optimizer", "--lgs-split-large-tensors"],
     "memory cap": ["--lgs-layer-weighting", "none", "--lgs-split-large-tensors",
                    "--lgs-memory-cap-mb", "0.08"],
+    # Last: megatron-core makes this reduce-scatter a module global for every later DDP.
+    "distopt, all-to-all reduce-scatter": ["--use-distributed-optimizer",
+                                           "--reduce-scatter-with-fp32-accumulation"],
 }
 MICRO_BATCHES = 2
 

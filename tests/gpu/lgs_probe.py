@@ -1,6 +1,6 @@
 """Train with pretrain_gpt.py's functions and report where the LGS engine reduced each bucket:
-the thread, and whether the CUDA stream current during the reduction was the engine's
-communication stream (it waits there on the event recorded when the bucket became ready).
+the thread of each hop (intra-node, inter-node), and whether the CUDA stream current during
+it was that hop's stream (each waits there on the event recorded before it).
 
     python tests/gpu/lgs_probe.py --lgs [pretrain_gpt.py flags]   -> "LGS probe: {json}"
 """
@@ -20,28 +20,38 @@ from megatron_lgs.lgs import sync
 from megatron_lgs.training import pretrain
 
 _SEEN: list[dict] = []
-_reduce_bucket = sync.LgsEngine._reduce_bucket
+_on_stream = sync.LgsEngine._on_stream
 
 
-def _traced(self: sync.LgsEngine, bs, k: int) -> None:
-    where = {"thread": threading.current_thread().name}
-    if self.cuda:
-        where.update(stream=torch.cuda.current_stream().cuda_stream,
-                     comm=self.comm_stream.cuda_stream,
-                     default=torch.cuda.default_stream().cuda_stream)
-    _SEEN.append(where)
-    _reduce_bucket(self, bs, k)
+def _traced(self: sync.LgsEngine, hop: str, wait_for):
+    """Each bucket enters each hop's stream once; note where it is once inside."""
+    inner = _on_stream(self, hop, wait_for)
+
+    class _Probe:
+        def __enter__(self_probe) -> None:
+            inner.__enter__()
+            where = {"hop": hop, "thread": threading.current_thread().name}
+            if self.cuda:
+                where.update(stream=torch.cuda.current_stream().cuda_stream,
+                             comm=self.streams[hop].cuda_stream,
+                             default=torch.cuda.default_stream().cuda_stream)
+            _SEEN.append(where)
+
+        def __exit__(self_probe, *exc) -> None:
+            inner.__exit__(*exc)
+    return _Probe()
 
 
 def summary(seen: list[dict]) -> dict[str, object]:
-    return {"reductions": len(seen), "threads": sorted({s["thread"] for s in seen}),
+    return {"reductions": sum(s["hop"] == "intra-node" for s in seen),
+            "hops": len(seen), "threads": sorted({s["thread"] for s in seen}),
             "on_comm_stream": sum("stream" in s and s["stream"] == s["comm"] for s in seen),
             "on_default_stream": sum("stream" in s and s["stream"] == s["default"]
                                      for s in seen)}
 
 
 if __name__ == "__main__":
-    sync.LgsEngine._reduce_bucket = _traced
+    sync.LgsEngine._on_stream = _traced
     pretrain(parse_args(sys.argv[1:]), pretrain_gpt.model_provider, pretrain_gpt.forward_step,
              pretrain_gpt.datasets_provider)
     print("LGS probe: " + json.dumps(summary(_SEEN)), flush=True)

@@ -1,7 +1,7 @@
-"""On one GPU: the LGS engine's CUDA path. Each bucket is reduced on the communication thread
-with the engine's own CUDA stream current (after waiting on the bucket's ready event), the
-step waits for that stream, nothing hangs, and the losses are plain DDP's. Skipped where CUDA
-is absent."""
+"""On one GPU: the LGS engine's CUDA path. Each bucket's two hops run on the intra- and
+inter-node threads with that hop's own CUDA stream current (after waiting on the event recorded
+before it), the step waits for both streams, nothing hangs, and the losses are plain DDP's.
+Skipped where CUDA is absent."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def test_lgs_reduces_on_its_cuda_stream_and_matches_ddp(tiny, tmp_path, figures)
     figures("LGS reductions (5 steps)", probe["reductions"])
     figures("on the communication stream", probe["on_comm_stream"])
     figures("largest |LGS - DDP| loss difference", max_difference(lgs, plain))
-    assert probe["reductions"] >= 5 and probe["threads"] == ["lgs-comm"], probe
-    assert probe["on_comm_stream"] == probe["reductions"] and probe["on_default_stream"] == 0
+    assert probe["reductions"] >= 5 and probe["hops"] == 2 * probe["reductions"], probe
+    assert probe["threads"] == ["lgs-inter-node", "lgs-intra-node"], probe
+    assert probe["on_comm_stream"] == probe["hops"] and probe["on_default_stream"] == 0
     assert max_difference(lgs, plain) <= 1e-6, (lgs, plain)

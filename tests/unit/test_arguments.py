@@ -62,6 +62,9 @@ def test_megatron_flag_names_reach_their_dataclasses():
      "checkpoints of replicated optimizer instances are not wired yet"),
     (["--num-distributed-optimizer-instances", "2", "--use-distributed-optimizer", "--no-save",
       "--lgs"], 2, "--lgs replaces the reduction"),
+    (["--reduce-scatter-with-fp32-accumulation"], 2, "needs --use-distributed-optimizer"),
+    (["--reduce-scatter-with-fp32-accumulation", "--use-distributed-optimizer", "--no-save",
+      "--num-distributed-optimizer-instances", "2"], 2, "megatron-core refuses it"),
 ])
 def test_bad_combinations_are_rejected(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -51,3 +51,16 @@ def test_a_ranks_shard_is_its_slice_and_grads_are_scaled_before_the_collective()
     init = inspect.getsource(buffer_module._ParamAndGradBucket.__init__)
     for attribute in ("self.params_list", "self.grad_data", "self.gradient_scaling_factor"):
         assert attribute in init
+
+
+def test_all_to_all_reduce_scatter_is_megatrons_and_synchronous_when_asked():
+    """LGS's hops call megatron's function (output, input, op, group, async_op) so that
+    --reduce-scatter-with-fp32-accumulation reduces the same way on both sides."""
+    from megatron.core.distributed import reduce_scatter_with_fp32_accumulation as rs
+
+    params = list(inspect.signature(rs.reduce_scatter_with_fp32_accumulation).parameters)
+    assert params == ["output_tensor", "input_tensor", "op", "group", "async_op"]
+    source = inspect.getsource(rs.reduce_scatter_with_fp32_accumulation)
+    assert "all_to_all_single" in source and "reduce_scatter_handle.wait()" in source
+    assert "dist_reduce_scatter_func = reduce_scatter_with_fp32_accumulation" in \
+        inspect.getsource(buffer_module._ParamAndGradBucketGroup.__init__)
