@@ -138,32 +138,69 @@ def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
 # row-parallel forward is pipelined in 4 splits; the column-parallel data and weight gradients
 # overlap their collectives in bulk with whole GEMMs; weight gradients are never split.
 UB_PIPELINE_SPLITS = 4
+# Its userbuffers kernels for the pipelined and bulk overlaps run on 16 SMs (`add_ub`'s
+# num_sm=16 with set_sm_margin=0, and `UbufCommOverlap` sets use_ce=0: the GEMM is still
+# launched on every SM and shares the GPU with them); the ring exchanges copy with the copy
+# engines (use_ce=True) and take no SM.
+UB_COMM_SMS = 16
 
 
-def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
-             ) -> tuple[float, float]:
-    """(forward, backward) of a TP linear layer y = x W, x (m x k), W (k x n).
-
-    With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap (above)."""
+def _tp_gemm_parts(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
+                   ) -> tuple[float, float, float]:
+    """(forward, data gradient, weight gradient) of a TP linear layer y = x W, x (m x k),
+    W (k x n). With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap."""
     fwd_split = dgrad_split = 1
     if r.tp_comm_overlap and r.tp > 1:
         fwd_split, dgrad_split = (r.tp, 1) if column else (UB_PIPELINE_SPLITS, r.tp)
     p = r.precision
     fwd = fwd_split * gemm_time(m / fwd_split, n, k, gpu, p)
     dgrad = dgrad_split * gemm_time(m / dgrad_split, k, n, gpu, p)
-    return fwd, dgrad + gemm_time(k, n, m, gpu, p)
+    return fwd, dgrad, gemm_time(k, n, m, gpu, p)
 
 
-def _dense_mlp(r: Run, gpu: GpuProfile, tok: float) -> tuple[float, float, float, float]:
-    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd) of the dense MLP."""
+def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
+             ) -> tuple[float, float]:
+    """(forward, backward) of a TP linear layer (`_tp_gemm_parts`)."""
+    fwd, dgrad, wgrad = _tp_gemm_parts(r, m, n, k, gpu, column)
+    return fwd, dgrad + wgrad
+
+
+def sm_contention(gemm_s: float, comm_s: float, gpu: GpuProfile) -> float:
+    """Time a GEMM of `gemm_s` (on every SM) loses to a communication kernel that holds
+    UB_COMM_SMS of the GPU's SMs for `comm_s` beside it: while both run the GEMM advances at
+    (S - c) / S, so it ends at min(gemm + comm c / S, gemm S / (S - c))."""
+    f = UB_COMM_SMS / gpu.sm_count
+    return min(gemm_s + comm_s * f, gemm_s / (1.0 - f)) - gemm_s
+
+
+def _ub_contention(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
+                   column: list[tuple[float, float, float]],
+                   row: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(forward, backward) time TE's SM-based overlap kernels take from a layer's TP GEMMs:
+    the pipelined reduce-scatter beside each row-parallel forward, the bulk all-gather beside
+    each column-parallel data gradient and the bulk reduce-scatter beside its weight gradient
+    (ring exchanges run on the copy engines and take none)."""
+    if not (r.tp_comm_overlap and r.tp > 1):
+        return 0.0, 0.0
+    link, nbytes = _tp_link(r, hw), tok * r.hidden * 2
+    ag = tp_collective_time("all_gather", nbytes, r.tp, link)
+    rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
+    fwd = sum(sm_contention(f, rs, gpu) for f, _, _ in row)
+    bwd = sum(sm_contention(d, ag, gpu) + sm_contention(w, rs, gpu) for _, d, w in column)
+    return fwd, bwd
+
+
+def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
+               ) -> tuple[tuple[float, float, float], tuple[float, float, float], float, float]:
+    """(FC1 parts, FC2 parts, element-wise bytes fwd, bwd) of the dense MLP."""
     t, h, f = r.tp, r.hidden, r.ffn_hidden
     mats = 2 if r.swiglu else 1
-    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu, column=True)
-    f2 = _tp_gemm(r, tok, h, f / t, gpu, column=False)
+    f1 = _tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
+    f2 = _tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
     fp, bp = (3, 5) if r.swiglu else (2, 3)
     act = tok * f / t * 2
-    return f1[0] + f2[0], f1[1] + f2[1], fp * act, bp * act
+    return f1, f2, fp * act, bp * act
 
 
 def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
@@ -207,14 +244,18 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
-    proj = _tp_gemm(r, tok, h, h / t, gpu, column=False)
-    gf, gb = qkv[0] + proj[0], qkv[1] + proj[1]
+    qkv = _tp_gemm_parts(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
+    proj = _tp_gemm_parts(r, tok, h, h / t, gpu, column=False)
+    gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
+    column, row = [qkv], [proj]
     if r.num_experts:
         mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
         c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
     else:
-        mf, mb, elem_f, elem_b = _dense_mlp(r, gpu, tok)
+        f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
+        mf, mb = f1[0] + f2[0], f1[1] + f1[2] + f2[1] + f2[2]
+        column.append(f1)
+        row.append(f2)
     c.fwd["gemm"], c.bwd["gemm"] = gf + mf, gb + mb
     # Attention scores: each rank's tok queries against the whole sequence's keys.
     heads_local, d = r.heads / t, h / r.heads
@@ -237,7 +278,9 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score, gpu)
     comm = _collective_pair(r, hw, tok * h * 2)
     if r.tp_comm_overlap:
-        c.fwd["tp_comm"], c.bwd["tp_comm"] = max(0.0, comm - gf - mf), max(0.0, comm - gb - mb)
+        sm_f, sm_b = _ub_contention(r, gpu, hw, tok, column, row)
+        c.fwd["tp_comm"] = max(0.0, comm - gf - mf) + sm_f
+        c.bwd["tp_comm"] = max(0.0, comm - gb - mb) + sm_b
     else:
         c.fwd["tp_comm"] = c.bwd["tp_comm"] = comm
     if r.cp > 1:
