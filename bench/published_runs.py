@@ -90,7 +90,8 @@ def narayanan_rows() -> list[dict]:
                     "seq_length": 2048, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": mbs,
                     "global_batch": batch, "recompute": "full", "precision": "fp16",
                     "sequence_parallel": False, "flash_attention": False,
-                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False}})
+                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False,
+                    "grad_buffer": False}})
     return rows
 
 

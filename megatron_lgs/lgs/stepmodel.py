@@ -25,8 +25,10 @@ bubble being the second term. The data-parallel gradient sync is the LGS replay 
 on those stage times, with Megatron's default buckets unless thresholds are given. After it:
 the distributed optimizer's parameter all-gather (ZeRO 1/2; overlapped with the next forward
 when `overlap_param_gather`), or ZeRO 3's per-micro-batch gathers, and the optimizer step as a
-memory-bound pass over this GPU's shard (34 B per parameter: FP32 grad, master, two moments
-read and written, BF16 copy, the norm). Every number is a prediction.
+memory-bound pass over this GPU's shard, and the gradient bookkeeping around the GEMMs (the
+per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and scaling or
+flattening of the gradient buffer), both counted in `gradbuffer`. Every number is a
+prediction.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
+from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
@@ -56,10 +59,9 @@ from megatron_lgs.lgs.timeline import (
 )
 from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
 
-OPTIMIZER_BYTES_PER_PARAM = 34
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
-         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "dp_grad_sync",
-         "param_all_gather", "optimizer")
+         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
+         "dp_grad_sync", "param_all_gather", "optimizer")
 # Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
 # norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
 # bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
@@ -317,12 +319,14 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         nbytes = r.micro_batch * r.seq_length / r.cp * r.hidden * 2 / r.tp
         p2p = r.vpp * (link.alpha_s + nbytes / link.bandwidth_Bps)
     out = []
-    for k in range(r.pp):
+    for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
         c.add(layer, per_stage)
         if k == r.pp - 1:
             c.add(_logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = p2p
+        embedding = r.vocab * r.hidden / r.tp if k == 0 else 0.0
+        c.bwd["grad_buffer"] = memory_time(accumulate_bytes(r, dense + expert, embedding), gpu)
         out.append(c)
     return out
 
@@ -428,16 +432,18 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):
-        local = (n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
-                 if r.zero >= 1 else n[DENSE] + n[EXPERT])
-        opt = memory_time(local * OPTIMIZER_BYTES_PER_PARAM, gpu)
+        shard = n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
+        local = shard if r.zero >= 1 else n[DENSE] + n[EXPERT]
+        opt = memory_time(local * optimizer_bytes_per_param(r), gpu)
+        buf = memory_time(step_bytes(r, shard if r.zero >= 2 else n[DENSE] + n[EXPERT]), gpu)
         gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
         if r.overlap_param_gather:
             gather = max(0.0, gather - costs[k].fwd_s)
-        if opt + gather >= after:
-            after, tail = opt + gather, (opt, gather)
+        if opt + buf + gather >= after:
+            after, tail = opt + buf + gather, (opt, buf, gather)
     breakdown["optimizer"] = tail[0]
-    breakdown["param_all_gather"] += tail[1]
+    breakdown["grad_buffer"] += tail[1]
+    breakdown["param_all_gather"] += tail[2]
     step = sync.step_time_s + after
     mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

@@ -18,7 +18,6 @@ from megatron_lgs.lgs.kernels import (
 from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.stepmemory import layer_activation_bytes, states_bytes
 from megatron_lgs.lgs.stepmodel import (
-    OPTIMIZER_BYTES_PER_PARAM,
     compute_phase,
     layer_cost,
     predict_run,
@@ -137,7 +136,8 @@ def test_sync_gather_optimizer_terms_by_hand() -> None:
     assert (g, m) == (2, 4)
     hw = link_profile(A100)
     gather = all_gather_time(dense * 2, g, hw.intra) + all_gather_time(dense * 2 / g, m, hw.inter)
-    opt = dense / 8 * OPTIMIZER_BYTES_PER_PARAM / (2039e9 * HBM_EFFICIENCY)
+    # Grad norm 4, FusedAdam 28, master -> BF16 copy 6 bytes per parameter of the shard.
+    opt = dense / 8 * 38 / (2039e9 * HBM_EFFICIENCY)
     assert est.breakdown["param_all_gather"] == pytest.approx(gather, rel=1e-6)
     assert est.breakdown["optimizer"] == pytest.approx(opt, rel=1e-6)
     assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
@@ -164,8 +164,8 @@ def test_memory_by_hand_and_params_match_workload() -> None:
 
 def test_more_gpus_never_raise_per_gpu_throughput() -> None:
     """Weak scaling over DP (same micro-batches per GPU): only communication changes, so the
-    per-GPU throughput never rises. ZeRO shards the optimizer's own work over more GPUs, so
-    there the step without the optimizer term is compared."""
+    per-GPU throughput never rises. ZeRO shards the optimizer's own work (and ZeRO 2/3 the
+    gradient buffer's) over more GPUs, so there the step without those terms is compared."""
     for layout in ({"tp": 8, "pp": 4}, {"tp": 2, "pp": 1}, {"tp": 8, "pp": 2, "zero": 1},
                    {"tp": 1, "pp": 1, "zero": 3}):
         prev, prev_tput = None, 0.0
@@ -174,7 +174,8 @@ def test_more_gpus_never_raise_per_gpu_throughput() -> None:
             r = run(**layout, num_gpus=tp * pp * dp, global_batch=8 * dp, num_layers=32,
                     distributed_optimizer=layout.get("zero", 0) > 0)
             est = predict_run(r)
-            step = est.step_time_s - (est.breakdown["optimizer"] if r.zero else 0.0)
+            own = est.breakdown["optimizer"] + est.breakdown["grad_buffer"]
+            step = est.step_time_s - (own if r.zero else 0.0)
             if prev is not None:
                 assert step >= prev * (1 - 1e-9), (layout, dp)
                 if not r.zero:
