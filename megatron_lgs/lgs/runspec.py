@@ -12,7 +12,8 @@ distributed optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params), 
 false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
 overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true), grad_buffer (true:
 megatron-core's FP32 main-grad buffer with fused weight-gradient accumulation; false: Megatron-LM
-of 2021, FP16 gradients in param.grad, see `gradbuffer`).
+of 2021, FP16 gradients in param.grad, see `gradbuffer`), overlap_p2p_comm (true:
+Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Run:
     overlap_param_gather: bool = True
     untie_embeddings: bool = True
     grad_buffer: bool = True
+    overlap_p2p_comm: bool = True
 
     @property
     def num_micro_batches(self) -> int:

@@ -13,7 +13,8 @@ the model-parallel communication is added where Megatron puts it on the critical
 - MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
   exposed (megatron-core 0.16 does not overlap them by default);
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
-  virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B;
+  virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B,
+  or, interleaved with `overlap_p2p_comm`, exposed only beyond one chunk's compute;
 - recompute: `full` runs each layer's forward (with its communication) again before its
   backward, `selective` the core attention only;
 - host: each layer direction lasts at least the time the host needs to issue its kernels
@@ -312,19 +313,27 @@ def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     layer = layer_cost(r, gpu, hw)
     per_stage = r.num_layers // r.pp
-    p2p = 0.0
+    p2p_f = p2p_b = 0.0
     if r.pp > 1:
         ranks_per_stage = r.tp * r.cp * r.dp
         link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
         nbytes = r.micro_batch * r.seq_length / r.cp * r.hidden * 2 / r.tp
-        p2p = r.vpp * (link.alpha_s + nbytes / link.bandwidth_Bps)
+        one = link.alpha_s + nbytes / link.bandwidth_Bps
+        p2p_f = p2p_b = r.vpp * one
+        if r.vpp > 1 and r.overlap_p2p_comm:
+            # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each
+            # chunk's send/recv is posted asynchronously and waited for only before the
+            # chunk that needs it, so it hides behind one chunk's compute.
+            chunk = per_stage / r.vpp
+            p2p_f = r.vpp * max(0.0, one - chunk * layer.fwd_s)
+            p2p_b = r.vpp * max(0.0, one - chunk * layer.bwd_s)
     out = []
     for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
         c.add(layer, per_stage)
         if k == r.pp - 1:
             c.add(_logits_cost(r, gpu))
-        c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = p2p
+        c.fwd["pp_p2p"], c.bwd["pp_p2p"] = p2p_f, p2p_b
         embedding = r.vocab * r.hidden / r.tp if k == 0 else 0.0
         c.bwd["grad_buffer"] = memory_time(accumulate_bytes(r, dense + expert, embedding), gpu)
         out.append(c)
