@@ -10,8 +10,9 @@ generations of Megatron the published runs used (every byte count is per paramet
   each micro-batch (read FP32 main grad and the BF16 grad, write the main grad: 2 g + 2 bytes,
   g the main grad's width); of them only the word embedding is large, and its backward first
   zero-fills a dense V / t x h gradient (2 bytes). Once per step `zero_grad_buffer` zeroes
-  the whole local buffer (g) and `start_grad_sync` scales it by 1 / dp in place before the
-  collective (2 g, only when dp > 1).
+  the whole local buffer (g), and `start_grad_sync` reads it for the NaN check
+  (`check_for_nan_in_grad`, on by default: `grad_data.norm()`, g) and scales it by 1 / dp in
+  place before the collective (2 g, only when dp > 1).
 - Megatron-LM of April 2021 (`grad_buffer` false; `megatron/model/distributed.py` with
   `use_contiguous_buffers` off, its FP16 default, and PyTorch DDP): gradients stay in
   `param.grad` (FP16), so autograd adds every micro-batch after the first into it in place
@@ -53,7 +54,7 @@ def step_bytes(r: Run, local_params: float) -> float:
     """HBM bytes of the once-per-step passes over this GPU's gradient buffer."""
     reduced = r.dp * r.cp > 1
     if r.grad_buffer:
-        return local_params * grad_bytes(r) * (1 + (2 if reduced else 0))
+        return local_params * grad_bytes(r) * (2 + (2 if reduced else 0))
     return local_params * (3 * 2 * MODEL_GRAD_BYTES if reduced else 0)
 
 
