@@ -13,7 +13,9 @@ false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_red
 overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true), grad_buffer (true:
 megatron-core's FP32 main-grad buffer with fused weight-gradient accumulation; false: Megatron-LM
 of 2021, FP16 gradients in param.grad, see `gradbuffer`), overlap_p2p_comm (true:
-Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only).
+Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only),
+p2p_scatter_gather (false; true: Megatron-LM of 2021's default scatter-gather of pipeline
+sends over the TP group).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Run:
     untie_embeddings: bool = True
     grad_buffer: bool = True
     overlap_p2p_comm: bool = True
+    p2p_scatter_gather: bool = False
 
     @property
     def num_micro_batches(self) -> int:

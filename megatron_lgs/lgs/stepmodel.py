@@ -13,7 +13,8 @@ the model-parallel communication is added where Megatron puts it on the critical
 - MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
   exposed (megatron-core 0.16 does not overlap them by default);
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
-  virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B,
+  virtual chunk (s b h / tp bytes with sequence parallelism or 2021's scatter-gather, which
+  all-gathers it over TP after receiving; s b h without either), blocking as in 1F1B,
   or, interleaved with `overlap_p2p_comm`, exposed only beyond one chunk's compute;
 - recompute: `full` runs each layer's forward (with its communication) again before its
   backward, `selective` the core attention only;
@@ -39,8 +40,8 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
-from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile, get_gpu, link_profile
+from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
@@ -317,8 +318,15 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     if r.pp > 1:
         ranks_per_stage = r.tp * r.cp * r.dp
         link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
-        nbytes = r.micro_batch * r.seq_length / r.cp * r.hidden * 2 / r.tp
-        one = link.alpha_s + nbytes / link.bandwidth_Bps
+        full = r.micro_batch * r.seq_length / r.cp * r.hidden * 2
+        # With sequence parallelism the activation is already the s / tp shard; Megatron-LM
+        # of 2021 (`p2p_scatter_gather`) sent a 1 / tp slice and all-gathered it over the TP
+        # group after receiving (`gather_split_1d_tensor`); megatron-core without SP sends it
+        # whole.
+        split = r.sequence_parallel or r.p2p_scatter_gather
+        one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
+        if r.p2p_scatter_gather and not r.sequence_parallel:
+            one += tp_collective_time("all_gather", full, r.tp, _tp_link(r, hw))
         p2p_f = p2p_b = r.vpp * one
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each

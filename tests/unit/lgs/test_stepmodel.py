@@ -136,6 +136,15 @@ def test_pipeline_p2p_bubble_recompute_by_hand() -> None:
     assert c1.bwd["pp_p2p"] == pytest.approx(2 * max(0.0, one1 - 2 * layer1.bwd_s))
     assert c1.fwd["pp_p2p"] > 0
     assert compute_phase(replace(r, overlap_p2p_comm=True))[0][0].fwd["pp_p2p"] == 0.0
+    # Without SP: megatron-core sends the whole s b h; 2021's scatter-gather sends 1 / tp and
+    # all-gathers it over the TP group (NVLink) after receiving.
+    whole = replace(r, sequence_parallel=False)
+    full = 2048 * 4096 * 2
+    assert compute_phase(whole)[0][0].fwd["pp_p2p"] == pytest.approx(
+        2 * (hw.inter.alpha_s + full / hw.inter.bandwidth_Bps))
+    sg = replace(whole, p2p_scatter_gather=True)
+    assert compute_phase(sg)[0][0].fwd["pp_p2p"] == pytest.approx(
+        2 * (one + all_gather_time(full, 4, hw.intra)))
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     m = r.num_micro_batches
     assert end == pytest.approx(m * max(per_mb) + (sum(per_mb) - max(per_mb)) / 2)
