@@ -38,6 +38,7 @@ NARAYANAN_SCRIPT = ("Megatron-LM examples/academic_paper_scripts/sc21/run_table_
 # false), blocking pipeline sends (`batch_isend_irecv` then wait, no overlap option yet) of
 # 1 / tp slices all-gathered after receipt (--scatter-gather-tensors-in-pipeline, default on),
 # output layer tied to the word embeddings (untying came to Megatron-LM in December 2022),
+# TP all-reduces blocking in autograd both ways (`tp_async_backward` false),
 # sequence 2048; micro-batch size and layers per virtual stage from the script; --DDP-impl
 # torch (PyTorch DDP, all-reduce overlapped with the last micro-batch's backward in its
 # default 25 MB buckets) for the rows without PP, local (all-reduce after the backward) for
@@ -96,7 +97,7 @@ def narayanan_rows() -> list[dict]:
                     "sequence_parallel": False, "flash_attention": False,
                     "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False,
                     "grad_buffer": False, "overlap_p2p_comm": False,
-                    "p2p_scatter_gather": True,
+                    "p2p_scatter_gather": True, "tp_async_backward": False,
                     "untie_embeddings": False}})
     return rows
 

@@ -15,7 +15,9 @@ megatron-core's FP32 main-grad buffer with fused weight-gradient accumulation; f
 of 2021, FP16 gradients in param.grad, see `gradbuffer`), overlap_p2p_comm (true:
 Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only),
 p2p_scatter_gather (false; true: Megatron-LM of 2021's default scatter-gather of pipeline
-sends over the TP group).
+sends over the TP group), tp_async_backward (true: Transformer Engine runs the column-parallel
+backward's collectives beside the gradient GEMMs; false: Megatron-LM of 2021's blocking
+all-reduce, see `tpcomm`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Run:
     grad_buffer: bool = True
     overlap_p2p_comm: bool = True
     p2p_scatter_gather: bool = False
+    tp_async_backward: bool = True
 
     @property
     def num_micro_batches(self) -> int:

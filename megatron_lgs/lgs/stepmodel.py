@@ -5,9 +5,10 @@ roofline with the profile's shape-dependent efficiency; attention with its s^2 p
 as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts), and
 the model-parallel communication is added where Megatron puts it on the critical path:
 
-- tensor parallel: 2 all-reduces per layer forward and 2 backward (with sequence parallelism
-  all-gather + reduce-scatter pairs, the same bytes) on the intra-node link (inter-node when
-  tp > gpus_per_node); with `tp_comm_overlap` only what outlasts the layer's GEMMs is exposed;
+- tensor parallel: each linear layer's collectives (all-reduces, or with sequence parallelism
+  all-gathers and reduce-scatters, 4 forward and 6 backward per layer) on the intra-node link
+  (inter-node when tp > gpus_per_node), exposed beyond the GEMM the code pairs each with
+  (`tpcomm`);
 - context parallel: the K/V ring (cp - 1 hops forward, K/V and their gradients backward),
   overlapped with the attention kernel, exposed beyond it;
 - MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
@@ -46,7 +47,6 @@ from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
     gemm_fwd_bwd,
-    gemm_time,
     memory_time,
     tp_collective_time,
 )
@@ -59,6 +59,12 @@ from megatron_lgs.lgs.timeline import (
     Workload,
     replay,
 )
+from megatron_lgs.lgs.tpcomm import (
+    tp_collectives,
+    tp_comm_exposed,
+    tp_gemm_parts,
+    tp_link,
+)
 from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
 
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
@@ -67,9 +73,9 @@ TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_c
 # Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
 # norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
 # bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
-# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's 4 TP collectives
-# each way when tp > 1.
-LAYER_KERNELS_FWD, LAYER_KERNELS_BWD, LAYER_TP_COLLECTIVES = 10, 16, 4
+# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's TP collectives
+# (`tpcomm.tp_collectives`) when tp > 1.
+LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
 # Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
 # r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
 # logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
@@ -120,87 +126,13 @@ class StepEstimate:
         return self.memory.fits
 
 
-def _tp_link(r: Run, hw: HardwareProfile):
-    return hw.intra if r.tp <= r.gpus_per_node else hw.inter
-
-
-def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
-    """Two TP all-reduces (or all-gather + reduce-scatter pairs with SP) of nbytes each."""
-    link = _tp_link(r, hw)
-    if r.sequence_parallel:
-        one = (tp_collective_time("all_gather", nbytes, r.tp, link)
-               + tp_collective_time("reduce_scatter", nbytes, r.tp, link))
-    else:
-        one = tp_collective_time("all_reduce", nbytes, r.tp, link)
-    return 2 * one
-
-
-# Transformer Engine's comm-GEMM overlap as Megatron-LM's --tp-comm-overlap sets it up
-# (transformer_engine/pytorch/module/base.py `initialize_ub`, TE 1.8 defaults, the version of
-# Megatron-Core r0.8): the all-gather before a column-parallel forward and a row-parallel data
-# gradient is a ring exchange, one GEMM chunk per TP rank; the reduce-scatter after a
-# row-parallel forward is pipelined in 4 splits; the column-parallel data and weight gradients
-# overlap their collectives in bulk with whole GEMMs; weight gradients are never split.
-UB_PIPELINE_SPLITS = 4
-# Its userbuffers kernels for the pipelined and bulk overlaps run on 16 SMs (`add_ub`'s
-# num_sm=16 with set_sm_margin=0, and `UbufCommOverlap` sets use_ce=0: the GEMM is still
-# launched on every SM and shares the GPU with them); the ring exchanges copy with the copy
-# engines (use_ce=True) and take no SM.
-UB_COMM_SMS = 16
-
-
-def _tp_gemm_parts(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
-                   ) -> tuple[float, float, float]:
-    """(forward, data gradient, weight gradient) of a TP linear layer y = x W, x (m x k),
-    W (k x n). With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap."""
-    fwd_split = dgrad_split = 1
-    if r.tp_comm_overlap and r.tp > 1:
-        fwd_split, dgrad_split = (r.tp, 1) if column else (UB_PIPELINE_SPLITS, r.tp)
-    p = r.precision
-    fwd = fwd_split * gemm_time(m / fwd_split, n, k, gpu, p)
-    dgrad = dgrad_split * gemm_time(m / dgrad_split, k, n, gpu, p)
-    return fwd, dgrad, gemm_time(k, n, m, gpu, p)
-
-
-def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
-             ) -> tuple[float, float]:
-    """(forward, backward) of a TP linear layer (`_tp_gemm_parts`)."""
-    fwd, dgrad, wgrad = _tp_gemm_parts(r, m, n, k, gpu, column)
-    return fwd, dgrad + wgrad
-
-
-def sm_contention(gemm_s: float, comm_s: float, gpu: GpuProfile) -> float:
-    """Time a GEMM of `gemm_s` (on every SM) loses to a communication kernel that holds
-    UB_COMM_SMS of the GPU's SMs for `comm_s` beside it: while both run the GEMM advances at
-    (S - c) / S, so it ends at min(gemm + comm c / S, gemm S / (S - c))."""
-    f = UB_COMM_SMS / gpu.sm_count
-    return min(gemm_s + comm_s * f, gemm_s / (1.0 - f)) - gemm_s
-
-
-def _ub_contention(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
-                   column: list[tuple[float, float, float]],
-                   row: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """(forward, backward) time TE's SM-based overlap kernels take from a layer's TP GEMMs:
-    the pipelined reduce-scatter beside each row-parallel forward, the bulk all-gather beside
-    each column-parallel data gradient and the bulk reduce-scatter beside its weight gradient
-    (ring exchanges run on the copy engines and take none)."""
-    if not (r.tp_comm_overlap and r.tp > 1):
-        return 0.0, 0.0
-    link, nbytes = _tp_link(r, hw), tok * r.hidden * 2
-    ag = tp_collective_time("all_gather", nbytes, r.tp, link)
-    rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
-    fwd = sum(sm_contention(f, rs, gpu) for f, _, _ in row)
-    bwd = sum(sm_contention(d, ag, gpu) + sm_contention(w, rs, gpu) for _, d, w in column)
-    return fwd, bwd
-
-
 def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
                ) -> tuple[tuple[float, float, float], tuple[float, float, float], float, float]:
     """(FC1 parts, FC2 parts, element-wise bytes fwd, bwd) of the dense MLP."""
     t, h, f = r.tp, r.hidden, r.ffn_hidden
     mats = 2 if r.swiglu else 1
-    f1 = _tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
-    f2 = _tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
+    f1 = tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
+    f2 = tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
     fp, bp = (3, 5) if r.swiglu else (2, 3)
     act = tok * f / t * 2
@@ -237,9 +169,10 @@ def _host_bound(r: Run, c: Cost) -> None:
     The host enqueues kernels asynchronously, so a layer takes max(GPU time, host time) per
     direction; `host_overhead` is what the host adds beyond the GPU's own work.
     """
-    coll = LAYER_TP_COLLECTIVES if r.tp > 1 else 0
-    for times, kernels in ((c.fwd, LAYER_KERNELS_FWD), (c.bwd, LAYER_KERNELS_BWD)):
-        host = (kernels + coll) * HOST_S_PER_KERNEL
+    coll = tp_collectives(r)
+    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD, coll[0]),
+                              (c.bwd, LAYER_KERNELS_BWD, coll[1])):
+        host = (kernels + n) * HOST_S_PER_KERNEL
         times["host_overhead"] = max(0.0, host - sum(times.values()))
 
 
@@ -248,8 +181,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = _tp_gemm_parts(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
-    proj = _tp_gemm_parts(r, tok, h, h / t, gpu, column=False)
+    qkv = tp_gemm_parts(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
+    proj = tp_gemm_parts(r, tok, h, h / t, gpu, column=False)
     gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
     column, row = [qkv], [proj]
     if r.num_experts:
@@ -280,13 +213,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     act = tok / sp * h * 2
     c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score, gpu)
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score, gpu)
-    comm = _collective_pair(r, hw, tok * h * 2)
-    if r.tp_comm_overlap:
-        sm_f, sm_b = _ub_contention(r, gpu, hw, tok, column, row)
-        c.fwd["tp_comm"] = max(0.0, comm - gf - mf) + sm_f
-        c.bwd["tp_comm"] = max(0.0, comm - gb - mb) + sm_b
-    else:
-        c.fwd["tp_comm"] = c.bwd["tp_comm"] = comm
+    c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(
+        r, gpu, hw, tok, column, row, unpaired=1 if r.num_experts else 0)
     if r.cp > 1:
         link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
         kv_bytes = tok * 2 * r.kv_dim / t * 2
@@ -326,7 +254,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         split = r.sequence_parallel or r.p2p_scatter_gather
         one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
         if r.p2p_scatter_gather and not r.sequence_parallel:
-            one += tp_collective_time("all_gather", full, r.tp, _tp_link(r, hw))
+            one += tp_collective_time("all_gather", full, r.tp, tp_link(r, hw))
         p2p_f = p2p_b = r.vpp * one
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
+from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
 from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step
 from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import (
@@ -24,6 +24,7 @@ from megatron_lgs.lgs.stepmodel import (
     stage_params,
     sync_workload,
 )
+from megatron_lgs.lgs.tpcomm import tp_gemm_parts
 from megatron_lgs.lgs.workload import stage_backward, stage_numel
 
 A100 = get_gpu("a100-80gb")
@@ -87,7 +88,25 @@ def test_tp_comm_term_by_hand() -> None:
     nbytes = 2048 * 4096 * 2
     pair = reduce_scatter_time(nbytes, 4, hw.intra) + all_gather_time(nbytes, 4, hw.intra)
     c = layer_cost(r, A100, hw)
-    assert c.fwd["tp_comm"] == pytest.approx(2 * pair) == c.bwd["tp_comm"]
+    assert c.fwd["tp_comm"] == pytest.approx(2 * pair)
+    # Backward: the row-parallel output gradients' all-gathers block; each column-parallel
+    # layer's input all-gather runs beside its data gradient and its reduce-scatter beside
+    # its weight gradient (TE 1.8, async_op=True).
+    ag, rs = all_gather_time(nbytes, 4, hw.intra), reduce_scatter_time(nbytes, 4, hw.intra)
+    tok, h = 2048, 4096
+    qkv = tp_gemm_parts(r, tok, 3 * h / 4, h, A100, column=True)
+    fc1 = tp_gemm_parts(r, tok, 4 * h / 4, h, A100, column=True)
+    beside = sum(max(0.0, ag - d) + max(0.0, rs - w) for _, d, w in (qkv, fc1))
+    assert c.bwd["tp_comm"] == pytest.approx(2 * ag + beside)
+    # Without SP: 2 all-reduces forward, the 2 column input-gradient ones beside the weight
+    # gradients backward; blocking as in 2021's Megatron-LM with tp_async_backward false.
+    ar = ring_allreduce_time(nbytes, 4, hw.intra)
+    nosp = layer_cost(replace(r, sequence_parallel=False), A100, hw)
+    assert nosp.fwd["tp_comm"] == pytest.approx(2 * ar)
+    assert nosp.bwd["tp_comm"] == pytest.approx(
+        sum(max(0.0, ar - w) for _, _, w in (qkv, fc1)))
+    old = layer_cost(replace(r, sequence_parallel=False, tp_async_backward=False), A100, hw)
+    assert old.bwd["tp_comm"] == pytest.approx(2 * ar)
     # Across nodes the ring runs on the NIC.
     wide = layer_cost(run(tp=16, num_gpus=64, pp=1, heads=32), A100, hw)
     assert wide.fwd["tp_comm"] == pytest.approx(

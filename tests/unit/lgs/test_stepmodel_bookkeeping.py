@@ -11,14 +11,8 @@ from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import (
-    _tp_gemm_parts,
-    layer_cost,
-    predict_run,
-    sm_contention,
-    stage_costs,
-    stage_params,
-)
+from megatron_lgs.lgs.stepmodel import layer_cost, predict_run, stage_costs, stage_params
+from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, sm_contention, tp_gemm_parts
 
 H100 = get_gpu("h100-sxm")
 A100 = get_gpu("a100-80gb")
@@ -39,32 +33,36 @@ def test_sm_contention_by_hand() -> None:
     assert sm_contention(1e-3, 5e-3, A100) == pytest.approx(1e-3 * 108 / 92 - 1e-3)
 
 
-def test_layer_tp_comm_includes_ub_contention_by_hand() -> None:
+def test_layer_tp_comm_with_te_overlap_by_hand() -> None:
     r = run(tp_comm_overlap=True)
     hw = link_profile(H100)
     tok, h, t, f = 4096, 4096, 8, 4 * 4096
-    qkv = _tp_gemm_parts(r, tok, 3 * h / t, h, H100, column=True)
-    proj = _tp_gemm_parts(r, tok, h, h / t, H100, column=False)
-    fc1 = _tp_gemm_parts(r, tok, f / t, h, H100, column=True)
-    fc2 = _tp_gemm_parts(r, tok, h, f / t, H100, column=False)
+    qkv = tp_gemm_parts(r, tok, 3 * h / t, h, H100, column=True)
+    proj = tp_gemm_parts(r, tok, h, h / t, H100, column=False)
+    fc1 = tp_gemm_parts(r, tok, f / t, h, H100, column=True)
+    fc2 = tp_gemm_parts(r, tok, h, f / t, H100, column=False)
     ag = all_gather_time(tok * h * 2, t, hw.intra)
     rs = reduce_scatter_time(tok * h * 2, t, hw.intra)
-    # Pipelined RS beside the two row-parallel forwards; bulk AG beside the column-parallel
-    # data gradients and bulk RS beside their weight gradients.
-    sm_f = sm_contention(proj[0], rs, H100) + sm_contention(fc2[0], rs, H100)
-    sm_b = sum(sm_contention(p[1], ag, H100) + sm_contention(p[2], rs, H100)
-               for p in (qkv, fc1))
-    comm = 2 * (ag + rs)
-    gf = qkv[0] + proj[0] + fc1[0] + fc2[0]
-    gb = sum(p[1] + p[2] for p in (qkv, proj, fc1, fc2))
+    s = UB_PIPELINE_SPLITS
+    # Forward: ring-exchange all-gathers hide behind 7 of the 8 GEMM chunks; the pipelined
+    # reduce-scatters expose their last split and whatever outlasts the GEMM; the pipelined
+    # kernels' 16 SMs slow the row-parallel GEMMs.
+    fwd = (sum(max(0.0, ag - p[0] * 7 / 8) for p in (qkv, fc1))
+           + sum(rs / s + (s - 1) / s * max(0.0, rs - p[0]) for p in (proj, fc2))
+           + sum(sm_contention(p[0], rs, H100) for p in (proj, fc2)))
+    # Backward: the row data gradients' ring exchanges, the column bulk all-gather beside the
+    # data gradient and reduce-scatter beside the weight gradient (with their 16 SMs).
+    bwd = (sum(max(0.0, ag - p[1] * 7 / 8) for p in (proj, fc2))
+           + sum(max(0.0, ag - p[1]) + max(0.0, rs - p[2]) for p in (qkv, fc1))
+           + sum(sm_contention(p[1], ag, H100) + sm_contention(p[2], rs, H100)
+                 for p in (qkv, fc1)))
     c = layer_cost(r, H100, hw)
-    assert c.fwd["gemm"] == pytest.approx(gf) and c.bwd["gemm"] == pytest.approx(gb)
-    assert c.fwd["tp_comm"] == pytest.approx(max(0.0, comm - gf) + sm_f)
-    assert c.bwd["tp_comm"] == pytest.approx(max(0.0, comm - gb) + sm_b)
-    assert sm_f > 0 and sm_b > 0
-    # Without the overlap there is no SM sharing: the collectives are simply serial.
-    plain = layer_cost(replace(r, tp_comm_overlap=False), H100, hw)
-    assert plain.fwd["tp_comm"] == pytest.approx(comm)
+    assert c.fwd["gemm"] == pytest.approx(sum(p[0] for p in (qkv, proj, fc1, fc2)))
+    assert c.fwd["tp_comm"] == pytest.approx(fwd) and c.bwd["tp_comm"] == pytest.approx(bwd)
+    # On this shape the projection's exchange outlasts its 1/8-wide GEMM, so the pairing
+    # exposes time that pooling all the layer's GEMMs would have hidden.
+    assert ag > proj[1] * 7 / 8
+    assert c.fwd["tp_comm"] > 0 and c.bwd["tp_comm"] > 0
 
 
 def test_grad_accumulation_bytes_by_hand() -> None:
