@@ -34,6 +34,11 @@ NARAYANAN_SCRIPT = ("Megatron-LM examples/academic_paper_scripts/sc21/run_table_
                     "CONFIG.sh (the authors' launch script for Table 1)")
 # Megatron-LM of April 2021 as that script runs it: FP16 (--fp16), full uniform recompute,
 # unfused attention (no FlashAttention yet), no sequence parallelism or distributed optimizer,
+# gradients in param.grad (no contiguous buffer or fused accumulation yet: `grad_buffer`
+# false), blocking pipeline sends (`batch_isend_irecv` then wait, no overlap option yet) of
+# 1 / tp slices all-gathered after receipt (--scatter-gather-tensors-in-pipeline, default on),
+# output layer tied to the word embeddings (untying came to Megatron-LM in December 2022),
+# TP all-reduces blocking in autograd both ways (`tp_async_backward` false),
 # sequence 2048; micro-batch size and layers per virtual stage from the script; --DDP-impl
 # torch (PyTorch DDP, all-reduce overlapped with the last micro-batch's backward in its
 # default 25 MB buckets) for the rows without PP, local (all-reduce after the backward) for
@@ -90,7 +95,10 @@ def narayanan_rows() -> list[dict]:
                     "seq_length": 2048, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": mbs,
                     "global_batch": batch, "recompute": "full", "precision": "fp16",
                     "sequence_parallel": False, "flash_attention": False,
-                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False}})
+                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False,
+                    "grad_buffer": False, "overlap_p2p_comm": False,
+                    "p2p_scatter_gather": True, "tp_async_backward": False,
+                    "untie_embeddings": False}})
     return rows
 
 

@@ -7,11 +7,12 @@ and a NIC speed into the `costmodel.HardwareProfile` the gradient-sync replay ta
 Every constant is a data-sheet figure or a published microbenchmark, cited beside it; none is
 fitted to a training run. Sources:
 - [V100] NVIDIA Tesla V100 data sheet (SXM2 32 GB): 125 TFLOP/s FP16 tensor, 900 GB/s HBM2,
-  NVLink 2 300 GB/s total (both directions).
+  NVLink 2 300 GB/s total (both directions); 80 SMs (Volta architecture whitepaper).
 - [A100] NVIDIA A100 data sheet (SXM): 312 TFLOP/s BF16/FP16 dense, 1,555 GB/s (40 GB) and
-  2,039 GB/s (80 GB) HBM, NVLink 3 600 GB/s total.
+  2,039 GB/s (80 GB) HBM, NVLink 3 600 GB/s total; 108 SMs (Ampere GA100 whitepaper).
 - [H100] NVIDIA H100 data sheet (SXM): 989 TFLOP/s BF16 dense, 1,979 FP8 dense, 3.35 TB/s,
-  NVLink 4 900 GB/s total. H800 SXM: the same chip with NVLink cut to 400 GB/s total.
+  NVLink 4 900 GB/s total; 132 SMs (Hopper whitepaper, H100 SXM5). H800 SXM: the same chip
+  with NVLink cut to 400 GB/s total; H200: the same chip with HBM3e.
 - [H200] NVIDIA H200 data sheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s.
 - [MAMF] S. Bekman, "Machine Learning Engineering", compute/accelerator: maximum achievable
   matmul FLOP/s measured over a sweep of GEMM shapes: A100 SXM BF16 267.9 TFLOP/s (86% of
@@ -64,6 +65,7 @@ class GpuProfile:
     hbm_gbps: float  # data-sheet HBM bandwidth, GB/s
     nvlink_busbw_gbps: float  # NCCL bus bandwidth inside a node, GB/s
     nic_gbit_per_gpu: float  # the usual inter-node fabric, Gb/s per GPU
+    sm_count: int  # streaming multiprocessors [V100][A100][H100]
     bf16: bool = True
 
     def gemm_tflops(self, precision: str) -> float:
@@ -79,15 +81,15 @@ GPUS: dict[str, GpuProfile] = {
     # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
     # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
     "v100-32gb": GpuProfile("v100-32gb", 125.0, None, 0.86, 0.40, 32.0, 900.0, 120.0, 50.0,
-                            bf16=False),
+                            80, bf16=False),
     # A100: NVLink 3 busbw 0.8 x 300 GB/s per direction; DGX A100 has one HDR 200 Gb/s per GPU.
-    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.86, 0.60, 40.0, 1555.0, 240.0, 200.0),
-    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.86, 0.60, 80.0, 2039.0, 240.0, 200.0),
+    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.86, 0.60, 40.0, 1555.0, 240.0, 200.0, 108),
+    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.86, 0.60, 80.0, 2039.0, 240.0, 200.0, 108),
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
-    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 370.0, 400.0),
-    "h800": GpuProfile("h800", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 160.0, 400.0),
-    "h200": GpuProfile("h200", 989.0, 1979.0, 0.80, 0.50, 141.0, 4800.0, 370.0, 400.0),
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 370.0, 400.0, 132),
+    "h800": GpuProfile("h800", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 160.0, 400.0, 132),
+    "h200": GpuProfile("h200", 989.0, 1979.0, 0.80, 0.50, 141.0, 4800.0, 370.0, 400.0, 132),
 }
 
 

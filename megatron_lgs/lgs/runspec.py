@@ -10,7 +10,14 @@ with TP and Megatron-LM's examples set it), and the extensions: zero (0, or 1 wi
 distributed optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params), etp
 (expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
 false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
-overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true).
+overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true), grad_buffer (true:
+megatron-core's FP32 main-grad buffer with fused weight-gradient accumulation; false: Megatron-LM
+of 2021, FP16 gradients in param.grad, see `gradbuffer`), overlap_p2p_comm (true:
+Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only),
+p2p_scatter_gather (false; true: Megatron-LM of 2021's default scatter-gather of pipeline
+sends over the TP group), tp_async_backward (true: Transformer Engine runs the column-parallel
+backward's collectives beside the gradient GEMMs; false: Megatron-LM of 2021's blocking
+all-reduce, see `tpcomm`).
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ class Run:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     untie_embeddings: bool = True
+    grad_buffer: bool = True
+    overlap_p2p_comm: bool = True
+    p2p_scatter_gather: bool = False
+    tp_async_backward: bool = True
 
     @property
     def num_micro_batches(self) -> int:

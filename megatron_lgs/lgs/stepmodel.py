@@ -5,15 +5,18 @@ roofline with the profile's shape-dependent efficiency; attention with its s^2 p
 as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts), and
 the model-parallel communication is added where Megatron puts it on the critical path:
 
-- tensor parallel: 2 all-reduces per layer forward and 2 backward (with sequence parallelism
-  all-gather + reduce-scatter pairs, the same bytes) on the intra-node link (inter-node when
-  tp > gpus_per_node); with `tp_comm_overlap` only what outlasts the layer's GEMMs is exposed;
+- tensor parallel: each linear layer's collectives (all-reduces, or with sequence parallelism
+  all-gathers and reduce-scatters, 4 forward and 6 backward per layer) on the intra-node link
+  (inter-node when tp > gpus_per_node), exposed beyond the GEMM the code pairs each with
+  (`tpcomm`);
 - context parallel: the K/V ring (cp - 1 hops forward, K/V and their gradients backward),
   overlapped with the attention kernel, exposed beyond it;
 - MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
   exposed (megatron-core 0.16 does not overlap them by default);
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
-  virtual chunk (s b h / tp bytes, scatter-gather / sequence parallel), blocking as in 1F1B;
+  virtual chunk (s b h / tp bytes with sequence parallelism or 2021's scatter-gather, which
+  all-gathers it over TP after receiving; s b h without either), blocking as in 1F1B,
+  or, interleaved with `overlap_p2p_comm`, exposed only beyond one chunk's compute;
 - recompute: `full` runs each layer's forward (with its communication) again before its
   backward, `selective` the core attention only;
 - host: each layer direction lasts at least the time the host needs to issue its kernels
@@ -25,8 +28,10 @@ bubble being the second term. The data-parallel gradient sync is the LGS replay 
 on those stage times, with Megatron's default buckets unless thresholds are given. After it:
 the distributed optimizer's parameter all-gather (ZeRO 1/2; overlapped with the next forward
 when `overlap_param_gather`), or ZeRO 3's per-micro-batch gathers, and the optimizer step as a
-memory-bound pass over this GPU's shard (34 B per parameter: FP32 grad, master, two moments
-read and written, BF16 copy, the norm). Every number is a prediction.
+memory-bound pass over this GPU's shard, and the gradient bookkeeping around the GEMMs (the
+per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and scaling or
+flattening of the gradient buffer), both counted in `gradbuffer`. Every number is a
+prediction.
 """
 
 from __future__ import annotations
@@ -37,11 +42,11 @@ from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile, get_gpu, link_profile
+from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
     gemm_fwd_bwd,
-    gemm_time,
     memory_time,
     tp_collective_time,
 )
@@ -54,18 +59,23 @@ from megatron_lgs.lgs.timeline import (
     Workload,
     replay,
 )
+from megatron_lgs.lgs.tpcomm import (
+    tp_collectives,
+    tp_comm_exposed,
+    tp_gemm_parts,
+    tp_link,
+)
 from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
 
-OPTIMIZER_BYTES_PER_PARAM = 34
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
-         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "dp_grad_sync",
-         "param_all_gather", "optimizer")
+         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
+         "dp_grad_sync", "param_all_gather", "optimizer")
 # Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
 # norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
 # bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
-# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's 4 TP collectives
-# each way when tp > 1.
-LAYER_KERNELS_FWD, LAYER_KERNELS_BWD, LAYER_TP_COLLECTIVES = 10, 16, 4
+# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's TP collectives
+# (`tpcomm.tp_collectives`) when tp > 1.
+LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
 # Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
 # r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
 # logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
@@ -116,54 +126,17 @@ class StepEstimate:
         return self.memory.fits
 
 
-def _tp_link(r: Run, hw: HardwareProfile):
-    return hw.intra if r.tp <= r.gpus_per_node else hw.inter
-
-
-def _collective_pair(r: Run, hw: HardwareProfile, nbytes: float) -> float:
-    """Two TP all-reduces (or all-gather + reduce-scatter pairs with SP) of nbytes each."""
-    link = _tp_link(r, hw)
-    if r.sequence_parallel:
-        one = (tp_collective_time("all_gather", nbytes, r.tp, link)
-               + tp_collective_time("reduce_scatter", nbytes, r.tp, link))
-    else:
-        one = tp_collective_time("all_reduce", nbytes, r.tp, link)
-    return 2 * one
-
-
-# Transformer Engine's comm-GEMM overlap as Megatron-LM's --tp-comm-overlap sets it up
-# (transformer_engine/pytorch/module/base.py `initialize_ub`, TE 1.8 defaults, the version of
-# Megatron-Core r0.8): the all-gather before a column-parallel forward and a row-parallel data
-# gradient is a ring exchange, one GEMM chunk per TP rank; the reduce-scatter after a
-# row-parallel forward is pipelined in 4 splits; the column-parallel data and weight gradients
-# overlap their collectives in bulk with whole GEMMs; weight gradients are never split.
-UB_PIPELINE_SPLITS = 4
-
-
-def _tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
-             ) -> tuple[float, float]:
-    """(forward, backward) of a TP linear layer y = x W, x (m x k), W (k x n).
-
-    With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap (above)."""
-    fwd_split = dgrad_split = 1
-    if r.tp_comm_overlap and r.tp > 1:
-        fwd_split, dgrad_split = (r.tp, 1) if column else (UB_PIPELINE_SPLITS, r.tp)
-    p = r.precision
-    fwd = fwd_split * gemm_time(m / fwd_split, n, k, gpu, p)
-    dgrad = dgrad_split * gemm_time(m / dgrad_split, k, n, gpu, p)
-    return fwd, dgrad + gemm_time(k, n, m, gpu, p)
-
-
-def _dense_mlp(r: Run, gpu: GpuProfile, tok: float) -> tuple[float, float, float, float]:
-    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd) of the dense MLP."""
+def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
+               ) -> tuple[tuple[float, float, float], tuple[float, float, float], float, float]:
+    """(FC1 parts, FC2 parts, element-wise bytes fwd, bwd) of the dense MLP."""
     t, h, f = r.tp, r.hidden, r.ffn_hidden
     mats = 2 if r.swiglu else 1
-    f1 = _tp_gemm(r, tok, f * mats / t, h, gpu, column=True)
-    f2 = _tp_gemm(r, tok, h, f / t, gpu, column=False)
+    f1 = tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
+    f2 = tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
     fp, bp = (3, 5) if r.swiglu else (2, 3)
     act = tok * f / t * 2
-    return f1[0] + f2[0], f1[1] + f2[1], fp * act, bp * act
+    return f1, f2, fp * act, bp * act
 
 
 def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
@@ -196,9 +169,10 @@ def _host_bound(r: Run, c: Cost) -> None:
     The host enqueues kernels asynchronously, so a layer takes max(GPU time, host time) per
     direction; `host_overhead` is what the host adds beyond the GPU's own work.
     """
-    coll = LAYER_TP_COLLECTIVES if r.tp > 1 else 0
-    for times, kernels in ((c.fwd, LAYER_KERNELS_FWD), (c.bwd, LAYER_KERNELS_BWD)):
-        host = (kernels + coll) * HOST_S_PER_KERNEL
+    coll = tp_collectives(r)
+    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD, coll[0]),
+                              (c.bwd, LAYER_KERNELS_BWD, coll[1])):
+        host = (kernels + n) * HOST_S_PER_KERNEL
         times["host_overhead"] = max(0.0, host - sum(times.values()))
 
 
@@ -207,14 +181,18 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = _tp_gemm(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
-    proj = _tp_gemm(r, tok, h, h / t, gpu, column=False)
-    gf, gb = qkv[0] + proj[0], qkv[1] + proj[1]
+    qkv = tp_gemm_parts(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
+    proj = tp_gemm_parts(r, tok, h, h / t, gpu, column=False)
+    gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
+    column, row = [qkv], [proj]
     if r.num_experts:
         mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
         c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
     else:
-        mf, mb, elem_f, elem_b = _dense_mlp(r, gpu, tok)
+        f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
+        mf, mb = f1[0] + f2[0], f1[1] + f1[2] + f2[1] + f2[2]
+        column.append(f1)
+        row.append(f2)
     c.fwd["gemm"], c.bwd["gemm"] = gf + mf, gb + mb
     # Attention scores: each rank's tok queries against the whole sequence's keys.
     heads_local, d = r.heads / t, h / r.heads
@@ -235,11 +213,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     act = tok / sp * h * 2
     c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score, gpu)
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score, gpu)
-    comm = _collective_pair(r, hw, tok * h * 2)
-    if r.tp_comm_overlap:
-        c.fwd["tp_comm"], c.bwd["tp_comm"] = max(0.0, comm - gf - mf), max(0.0, comm - gb - mb)
-    else:
-        c.fwd["tp_comm"] = c.bwd["tp_comm"] = comm
+    c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(
+        r, gpu, hw, tok, column, row, unpaired=1 if r.num_experts else 0)
     if r.cp > 1:
         link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
         kv_bytes = tok * 2 * r.kv_dim / t * 2
@@ -267,19 +242,36 @@ def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     layer = layer_cost(r, gpu, hw)
     per_stage = r.num_layers // r.pp
-    p2p = 0.0
+    p2p_f = p2p_b = 0.0
     if r.pp > 1:
         ranks_per_stage = r.tp * r.cp * r.dp
         link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
-        nbytes = r.micro_batch * r.seq_length / r.cp * r.hidden * 2 / r.tp
-        p2p = r.vpp * (link.alpha_s + nbytes / link.bandwidth_Bps)
+        full = r.micro_batch * r.seq_length / r.cp * r.hidden * 2
+        # With sequence parallelism the activation is already the s / tp shard; Megatron-LM
+        # of 2021 (`p2p_scatter_gather`) sent a 1 / tp slice and all-gathered it over the TP
+        # group after receiving (`gather_split_1d_tensor`); megatron-core without SP sends it
+        # whole.
+        split = r.sequence_parallel or r.p2p_scatter_gather
+        one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
+        if r.p2p_scatter_gather and not r.sequence_parallel:
+            one += tp_collective_time("all_gather", full, r.tp, tp_link(r, hw))
+        p2p_f = p2p_b = r.vpp * one
+        if r.vpp > 1 and r.overlap_p2p_comm:
+            # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each
+            # chunk's send/recv is posted asynchronously and waited for only before the
+            # chunk that needs it, so it hides behind one chunk's compute.
+            chunk = per_stage / r.vpp
+            p2p_f = r.vpp * max(0.0, one - chunk * layer.fwd_s)
+            p2p_b = r.vpp * max(0.0, one - chunk * layer.bwd_s)
     out = []
-    for k in range(r.pp):
+    for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
         c.add(layer, per_stage)
         if k == r.pp - 1:
             c.add(_logits_cost(r, gpu))
-        c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = p2p
+        c.fwd["pp_p2p"], c.bwd["pp_p2p"] = p2p_f, p2p_b
+        embedding = r.vocab * r.hidden / r.tp if k == 0 else 0.0
+        c.bwd["grad_buffer"] = memory_time(accumulate_bytes(r, dense + expert, embedding), gpu)
         out.append(c)
     return out
 
@@ -385,16 +377,18 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):
-        local = (n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
-                 if r.zero >= 1 else n[DENSE] + n[EXPERT])
-        opt = memory_time(local * OPTIMIZER_BYTES_PER_PARAM, gpu)
+        shard = n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
+        local = shard if r.zero >= 1 else n[DENSE] + n[EXPERT]
+        opt = memory_time(local * optimizer_bytes_per_param(r), gpu)
+        buf = memory_time(step_bytes(r, shard if r.zero >= 2 else n[DENSE] + n[EXPERT]), gpu)
         gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
         if r.overlap_param_gather:
             gather = max(0.0, gather - costs[k].fwd_s)
-        if opt + gather >= after:
-            after, tail = opt + gather, (opt, gather)
+        if opt + buf + gather >= after:
+            after, tail = opt + buf + gather, (opt, buf, gather)
     breakdown["optimizer"] = tail[0]
-    breakdown["param_all_gather"] += tail[1]
+    breakdown["grad_buffer"] += tail[1]
+    breakdown["param_all_gather"] += tail[2]
     step = sync.step_time_s + after
     mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

@@ -10,13 +10,8 @@ import pytest
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, HOST_S_PER_KERNEL, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import gemm_time
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import (
-    UB_PIPELINE_SPLITS,
-    _logits_cost,
-    _tp_gemm,
-    layer_cost,
-    predict_run,
-)
+from megatron_lgs.lgs.stepmodel import _logits_cost, layer_cost, predict_run
+from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, tp_gemm
 
 H100 = get_gpu("h100-sxm")
 BASE = {"id": "t", "gpu": "h100-sxm", "num_gpus": 8, "num_layers": 4, "hidden": 256,
@@ -38,10 +33,14 @@ def test_host_overhead_by_hand() -> None:
     assert c.fwd["host_overhead"] == pytest.approx(10 * HOST_S_PER_KERNEL - gpu_f)
     assert c.bwd["host_overhead"] == pytest.approx(16 * HOST_S_PER_KERNEL - gpu_b)
     assert c.fwd_s == pytest.approx(10 * HOST_S_PER_KERNEL)
-    # With TP the layer's 4 collectives each way are kernels too.
+    # With TP the layer's collectives are kernels too: 2 all-reduces each way without SP,
+    # 4 forward and 6 backward with it.
     t = layer_cost(run(tp=2, sequence_parallel=False), H100, hw)
-    assert t.fwd_s == pytest.approx(max(14 * HOST_S_PER_KERNEL,
+    assert t.fwd_s == pytest.approx(max(12 * HOST_S_PER_KERNEL,
                                         t.fwd_s - t.fwd["host_overhead"]))
+    sp = layer_cost(run(tp=2, sequence_parallel=True), H100, hw)
+    assert sp.bwd_s == pytest.approx(max(22 * HOST_S_PER_KERNEL,
+                                         sp.bwd_s - sp.bwd["host_overhead"]))
     # A large layer hides the host entirely.
     big = layer_cost(run(hidden=8192, heads=64, seq_length=4096), H100, hw)
     assert big.fwd["host_overhead"] == big.bwd["host_overhead"] == 0.0
@@ -66,14 +65,14 @@ def test_te_comm_gemm_overlap_chunks_by_hand() -> None:
     m, n, k = 4096, 3 * 4096 / 8, 4096
     g = lambda a, b, c: gemm_time(a, b, c, H100, "bf16")  # noqa: E731
     # Column-parallel: ring-exchange forward in tp chunks, bulk-overlapped backward unsplit.
-    f, b = _tp_gemm(r, m, n, k, H100, column=True)
+    f, b = tp_gemm(r, m, n, k, H100, column=True)
     assert f == pytest.approx(8 * g(m / 8, n, k))
     assert b == pytest.approx(g(m, k, n) + g(k, n, m))
     # Row-parallel: pipelined forward in 4 splits, ring-exchange data gradient in tp chunks.
-    f, b = _tp_gemm(r, m, k, n, H100, column=False)
+    f, b = tp_gemm(r, m, k, n, H100, column=False)
     assert UB_PIPELINE_SPLITS == 4
     assert f == pytest.approx(4 * g(m / 4, k, n))
     assert b == pytest.approx(8 * g(m / 8, n, k) + g(n, k, m))
     # Without the overlap nothing is split.
-    f, b = _tp_gemm(replace(r, tp_comm_overlap=False), m, n, k, H100, column=True)
+    f, b = tp_gemm(replace(r, tp_comm_overlap=False), m, n, k, H100, column=True)
     assert (f, b) == pytest.approx((g(m, n, k), g(m, k, n) + g(k, n, m)))

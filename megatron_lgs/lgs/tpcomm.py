@@ -1,0 +1,122 @@
+"""Tensor-parallel linear layers and their collectives, paired the way the code pairs them.
+
+Each TP linear layer of a transformer layer is one GEMM forward, a data-gradient and a
+weight-gradient GEMM backward, and the collectives that come with it (one collective moves
+the tok x h activation, BF16):
+
+- without sequence parallelism: the row-parallel output is all-reduced after the forward
+  (blocking), and the column-parallel input gradient after the data gradient; Transformer
+  Engine's Linear / LayerNormLinear (v1.8, `backward`) launch that all-reduce asynchronously
+  beside the weight-gradient GEMM (`tp_async_backward`), Megatron-LM of 2021 ran it blocking
+  in autograd (`copy_to_tensor_model_parallel_region`);
+- with sequence parallelism: the column-parallel input is all-gathered before the forward and
+  the row-parallel output reduce-scattered after it (both blocking); backward, the
+  row-parallel output gradient is all-gathered first (blocking, `grad_output_preprocess`),
+  and each column-parallel layer all-gathers its saved input for the weight gradient beside
+  the data-gradient GEMM and reduce-scatters the input gradient beside the weight-gradient
+  GEMM (`async_op=True` in TE 1.8), so a layer has 4 collectives forward and 6 backward;
+- with `tp_comm_overlap` (TE 1.8's userbuffers, `initialize_ub` defaults, the version of
+  Megatron-Core r0.8): the column forward's all-gather and the row data gradient's all-gather
+  are ring exchanges, one GEMM chunk per TP rank, so the first chunk runs on local data and
+  (tp - 1) / tp of the GEMM hides the exchange; the row forward's reduce-scatter is pipelined
+  in 4 splits, the last split's share exposed; the column backward's all-gather and
+  reduce-scatter overlap in bulk with the whole data- and weight-gradient GEMMs. The pipelined
+  and bulk kernels hold 16 SMs beside their GEMM (`sm_contention`).
+
+Every time is a prediction.
+"""
+
+from __future__ import annotations
+
+from megatron_lgs.lgs.costmodel import HardwareProfile
+from megatron_lgs.lgs.gpus import GpuProfile
+from megatron_lgs.lgs.kernels import gemm_time, tp_collective_time
+from megatron_lgs.lgs.runspec import Run
+
+# TE 1.8 `initialize_ub`: pipelined reduce-scatter splits; its userbuffers kernels for the
+# pipelined and bulk overlaps run on 16 SMs (`add_ub`'s num_sm=16 with set_sm_margin=0, and
+# `UbufCommOverlap` sets use_ce=0: the GEMM is still launched on every SM and shares the GPU
+# with them); the ring exchanges copy with the copy engines (use_ce=True) and take no SM.
+UB_PIPELINE_SPLITS = 4
+UB_COMM_SMS = 16
+
+Parts = tuple[float, float, float]  # (forward, data gradient, weight gradient) seconds
+
+
+def tp_link(r: Run, hw: HardwareProfile):
+    return hw.intra if r.tp <= r.gpus_per_node else hw.inter
+
+
+def tp_gemm_parts(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
+                  ) -> Parts:
+    """(forward, data gradient, weight gradient) of a TP linear layer y = x W, x (m x k),
+    W (k x n). With `tp_comm_overlap` its GEMMs run at the chunk shapes of TE's overlap."""
+    fwd_split = dgrad_split = 1
+    if r.tp_comm_overlap and r.tp > 1:
+        fwd_split, dgrad_split = (r.tp, 1) if column else (UB_PIPELINE_SPLITS, r.tp)
+    p = r.precision
+    fwd = fwd_split * gemm_time(m / fwd_split, n, k, gpu, p)
+    dgrad = dgrad_split * gemm_time(m / dgrad_split, k, n, gpu, p)
+    return fwd, dgrad, gemm_time(k, n, m, gpu, p)
+
+
+def tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
+            ) -> tuple[float, float]:
+    """(forward, backward) of a TP linear layer (`tp_gemm_parts`)."""
+    fwd, dgrad, wgrad = tp_gemm_parts(r, m, n, k, gpu, column)
+    return fwd, dgrad + wgrad
+
+
+def sm_contention(gemm_s: float, comm_s: float, gpu: GpuProfile) -> float:
+    """Time a GEMM of `gemm_s` (on every SM) loses to a communication kernel that holds
+    UB_COMM_SMS of the GPU's SMs for `comm_s` beside it: while both run the GEMM advances at
+    (S - c) / S, so it ends at min(gemm + comm c / S, gemm S / (S - c))."""
+    f = UB_COMM_SMS / gpu.sm_count
+    return min(gemm_s + comm_s * f, gemm_s / (1.0 - f)) - gemm_s
+
+
+def _beside(comm_s: float, gemm_s: float) -> float:
+    return max(0.0, comm_s - gemm_s)
+
+
+def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
+                    column: list[Parts], row: list[Parts], unpaired: int = 0
+                    ) -> tuple[float, float]:
+    """(forward, backward) TP communication time on the layer's critical path: what each
+    collective adds beyond the GEMM it is paired with, plus the SM sharing of the overlapped
+    kernels. `unpaired`: column/row pairs without TP GEMMs to hide behind (an MoE layer's
+    token gather and scatter), blocking both ways."""
+    if r.tp <= 1:
+        return 0.0, 0.0
+    link, nbytes = tp_link(r, hw), tok * r.hidden * 2
+    if not r.sequence_parallel:
+        ar = tp_collective_time("all_reduce", nbytes, r.tp, link)
+        fwd = ar * (len(row) + unpaired)
+        if r.tp_async_backward:
+            bwd = sum(_beside(ar, w) for _, _, w in column) + ar * unpaired
+        else:
+            bwd = ar * (len(column) + unpaired)
+        return fwd, bwd
+    ag = tp_collective_time("all_gather", nbytes, r.tp, link)
+    rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
+    blocking = (ag + rs) * unpaired
+    if not r.tp_comm_overlap:
+        fwd = ag * len(column) + rs * len(row)
+        bwd = ag * len(row) + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
+        return fwd + blocking, bwd + blocking
+    hidden = (r.tp - 1) / r.tp  # ring exchange: all chunks but the first hide the exchange
+    s = UB_PIPELINE_SPLITS
+    fwd = (sum(_beside(ag, f * hidden) for f, _, _ in column)
+           + sum(rs / s + (s - 1) / s * _beside(rs, f) for f, _, _ in row)
+           + sum(sm_contention(f, rs, gpu) for f, _, _ in row))
+    bwd = (sum(_beside(ag, d * hidden) for _, d, _ in row)
+           + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
+           + sum(sm_contention(d, ag, gpu) + sm_contention(w, rs, gpu) for _, d, w in column))
+    return fwd + blocking, bwd + blocking
+
+
+def tp_collectives(r: Run) -> tuple[int, int]:
+    """TP collective kernels a dense layer launches (forward, backward)."""
+    if r.tp <= 1:
+        return 0, 0
+    return (4, 6) if r.sequence_parallel else (2, 2)
