@@ -20,6 +20,7 @@ class Plan:
     thresholds: Thresholds
     bucket_later_stages: bool = True
     note: str = ""
+    pipelined_hops: bool = False  # one communication channel; LGS plans have two
 
 
 def megatron_default_bucket_bytes(dp: int, grad_bytes: int) -> int:
@@ -42,9 +43,10 @@ def baseline_plans(lay: Layout) -> list[Plan]:
              note="bucket_cap_mb=25 (its 1 MB first bucket not modelled)"),
         megatron_default(lay),
         Plan("DeepSpeed 5e8", Thresholds(ds, ds), note="reduce_bucket_size=5e8 elements"),
-        Plan("seed 160/24 MB", Thresholds(160 * MB, 24 * MB), note="intra 160 MB, inter 24 MB"),
+        Plan("seed 160/24 MB", Thresholds(160 * MB, 24 * MB), note="intra 160 MB, inter 24 MB",
+             pipelined_hops=True),
     ]
 
 
 def predict_plan(w: Workload, plan: Plan) -> StepPrediction:
-    return predict_step(w, plan.thresholds, plan.bucket_later_stages)
+    return predict_step(w, plan.thresholds, plan.bucket_later_stages, plan.pipelined_hops)

@@ -369,11 +369,12 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     m = r.num_micro_batches
     breakdown = {k: m * (costs[crit].fwd[k] + costs[crit].bwd[k]) for k in TERMS}
     breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
+    lgs = thresholds is not None  # LGS's two-channel engine; else megatron-core's DDP
     if thresholds is None:
         thresholds = default_thresholds(w) if r.overlap_grad_reduce else ONE_BUCKET
     megatron_ddp = thresholds == default_thresholds(w)
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
-                  compute_end, bucket_later_stages=not megatron_ddp)
+                  compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs)
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):

@@ -11,10 +11,13 @@ How the step is modelled (all times are predictions):
   (dense / expert, as Megatron keeps separate buffers), close once their bytes reach the intra
   threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
 - Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
-  capping inter-node message size; one communication channel per GPU, FIFO, overlapping compute
-  without slowing it, unless the profile's `overlap` < 1 (compute and communication sharing
-  cores): then the communication time spent beside the backward delays the step by
-  (1 - overlap) of it.
+  capping inter-node message size. LGS (`pipelined_hops`, the default) has two FIFO channels
+  per GPU, as its engine has two threads: the intra-node reduce-scatter on one, the rest on the
+  other, so bucket k's inter-node hop runs beside bucket k+1's intra-node hop; the other
+  systems' buckets (`baselines`, megatron in `stepmodel`) run on one channel. Communication
+  overlaps compute without slowing it, unless the profile's `overlap` < 1 (compute and
+  communication sharing cores): then the communication time spent beside the backward delays
+  the step by (1 - overlap) of it.
 - Step time = max over stages of when that stage's gradients are synchronized; so the first
   stage's DP traffic is the critical one unless a later stage's traffic outlasts its slack.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
+from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce, reduce_scatter_time
 from megatron_lgs.lgs.workload import (
     BackwardOp,
     Layout,
@@ -76,7 +79,14 @@ class StageTimeline:
 
     @property
     def comm_s(self) -> float:
-        return sum(b.end_s - b.start_s for b in self.buckets)
+        """Time during which some bucket is being reduced (with two channels a bucket's span
+        can overlap the previous one's, so spans are merged, not summed)."""
+        total, reach = 0.0, float("-inf")
+        for b in sorted(self.buckets, key=lambda b: b.start_s):
+            if b.end_s > reach:
+                total += b.end_s - max(b.start_s, reach)
+                reach = b.end_s
+        return total
 
 
 @dataclass(frozen=True)
@@ -142,17 +152,23 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, r
 
 
 def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
-           th: Thresholds, rate: float) -> StageTimeline:
+           th: Thresholds, rate: float, pipelined_hops: bool) -> StageTimeline:
     spans, closed = _buckets(ops, bwd_start, w, th, rate)
     lay = w.layout
-    free = bwd_start
+    first_free = free = bwd_start  # the intra-node channel, and the (only / second) one
     events: list[BucketEvent] = []
     for group, names, nbytes, ready in closed:
         g, m = lay.group_shape(group)
         cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
                                       all_gather=not lay.distributed_optimizer)
-        start = max(ready, free)
-        free = start + cost.total_s
+        if pipelined_hops:
+            first = reduce_scatter_time(nbytes, g, w.hw.intra) if g > 1 else 0.0
+            start = max(ready, first_free)
+            first_free = start + first
+            free = max(first_free, free) + cost.total_s - first
+        else:
+            start = max(ready, free)
+            free = start + cost.total_s
         events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
                                   cost.inter_messages))
     bwd_end = spans[-1].end_s if spans else bwd_start
@@ -176,13 +192,14 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
 ONE_BUCKET = Thresholds(1 << 62, 1 << 62)
 
 
-def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
-                 ) -> StepPrediction:
+def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
+                 pipelined_hops: bool = True) -> StepPrediction:
     """Predicted timeline of one step with thresholds `th` (see the module docstring).
 
     Compute runs at `w.efficiency` of peak. `bucket_later_stages=False` models megatron-core
     DDP, which turns bucketing off on pipeline stages after the first: each of their gradient
-    buffers is reduced as one bucket.
+    buffers is reduced as one bucket. `pipelined_hops=False`: one communication channel (the
+    other systems' buckets).
     """
     lay = w.layout
     rate = w.flop_rate
@@ -191,7 +208,7 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True
     tf = [forward_flops(ops) / rate for ops in stage_ops]
     per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
     compute_end = sum(per_mb) + (lay.num_micro_batches - 1) * max(per_mb)
-    return replay(w, th, tf, tb, compute_end, bucket_later_stages)
+    return replay(w, th, tf, tb, compute_end, bucket_later_stages, pipelined_hops)
 
 
 @lru_cache(maxsize=64)
@@ -201,7 +218,7 @@ def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
 
 
 def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
-           bucket_later_stages: bool = True) -> StepPrediction:
+           bucket_later_stages: bool = True, pipelined_hops: bool = True) -> StepPrediction:
     """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
     times `tf`, `tb` (s) and the end of all compute `compute_end` (s).
 
@@ -217,7 +234,7 @@ def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], comput
         stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
         flops = sum(op.flops for op in ops)
         rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
-        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th, rate))
+        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th, rate, pipelined_hops))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
     return StepPrediction(

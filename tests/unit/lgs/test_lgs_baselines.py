@@ -46,7 +46,7 @@ def test_megatron_reduces_later_pipeline_stages_in_one_bucket():
         assert only.nbytes == sum(b.nbytes for b in s_lgs.buckets)
         assert only.ready_s == pytest.approx(s_meg.backward_end_s)
     assert predict_plan(w, megatron_default(lay)) == predict_step(
-        w, megatron_default(lay).thresholds, bucket_later_stages=False)
+        w, megatron_default(lay).thresholds, bucket_later_stages=False, pipelined_hops=False)
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
