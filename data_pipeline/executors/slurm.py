@@ -52,6 +52,7 @@ class SlurmExecutor:
         path = shlex.quote(str(_REPO))
         script.write_text("#!/bin/bash\n"
                           f"export PYTHONPATH={path}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+                          f"echo \"{stage} task $SLURM_ARRAY_TASK_ID on node $SLURMD_NODENAME\"\n"
                           f"exec {shlex.quote(sys.executable)} -m data_pipeline.stages.task "
                           f"{shlex.quote(str(work))} {stage} \"$SLURM_ARRAY_TASK_ID\"\n")
         command = ["sbatch", "--parsable", f"--array=0-{n_tasks - 1}",

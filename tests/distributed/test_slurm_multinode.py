@@ -1,5 +1,6 @@
 """launch/slurm/pretrain_gpt.sbatch on a real two-node Slurm cluster: one slurmd in each network
-namespace of an emulated cluster (2 nodes x 2 ranks, 1 Gbit/s links), slurmctld beside node 0's.
+namespace of an emulated cluster (2 nodes x 2 ranks, 1 Gbit/s links), slurmctld beside node 0's;
+and data preparation's Slurm executor on the same cluster.
 
 - a job trains, is preempted (`scancel --batch --signal=TERM`, what Slurm's --signal=B:TERM@120
   does before a time limit), saves, requeues itself and resumes on both nodes to the losses of
@@ -170,3 +171,32 @@ def test_preemption_requeues_and_finishes_every_time(slurm2, repetition):
     assert len(list(folder.glob("saved*"))) == 4  # every rank got the TERM and "saved"
     assert len(list(folder.glob("finished*"))) == 4  # and every rank ran again after the requeue
     assert "preempted; requeueing" in (folder / "out").read_text()
+
+
+def test_prepare_on_two_slurm_nodes_equals_the_local_output(slurm2):
+    """`prepare --executor slurm` submitted from node 0: the stages' job arrays run on both
+    nodes (each task's log names its node) and the dataset is the local executor's, byte for
+    byte."""
+    import subprocess
+
+    from tests.unit.data_pipeline.corpus_helpers import STAGED, VOCAB_SIZE, digests, write_corpus
+    from tests.unit.data_pipeline.corpus_helpers import prepare_corpus as prepare_here
+
+    root = slurm2.root / "prepare"
+    corpus = write_corpus(root / "src")
+    local = prepare_here(corpus, root / "local", **STAGED)
+    logs = root / "logs"
+    proc = subprocess.run(
+        [*slurm2.nodes[0].prefix, sys.executable, "-m", "data_pipeline", "prepare",
+         *[f"--domain={s.domain}={s.pattern}" for s in corpus.sources],
+         "--output", str(root / "slurm"), "--executor", "slurm", "--slurm-partition", "debug",
+         "--slurm-time", "10", "--slurm-log-dir", str(logs), "--vocab-size", str(VOCAB_SIZE),
+         "--shard-max-docs", "64", "--partition-bytes", str(STAGED["partition_bytes"]),
+         "--output-format", "megatron"],
+        cwd=REPO, env={**slurm2.env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=900)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert digests(root / "slurm") == digests(local.output)
+    ran_on = {m.group(1) for log in logs.glob("*.log")
+              for m in re.finditer(r" on node (\S+)", log.read_text())}
+    assert ran_on == {n.name for n in slurm2.nodes}, ran_on
