@@ -52,8 +52,12 @@ class MinHashConfig:
     ngram: int = 5
     num_perm: int = 128
     seed: int = 1
-    bands: int = 14
-    rows: int = 8
+    # 20 x 6: candidates from J ~0.6 up (datatrove's 14 x 8 starts at ~0.72 and misses about 1
+    # in 13 pairs at J = 0.8). Exact verification keeps the precision; the extra candidates
+    # below the threshold cost verification time only (planted 16 MB corpus, 2026-12-01:
+    # recall at J >= 0.8 0.987 -> 0.998, precision 1.000 both, no slower).
+    bands: int = 20
+    rows: int = 6
     threshold: float = 0.8
     hash: str = "fast"
     # How an LSH candidate pair is confirmed: "exact" Jaccard of the two shingle sets, or the

@@ -22,7 +22,7 @@ def run(planted, verify):
     start = time.perf_counter()
     found = near_duplicates(sig, cfg, lambda rows: [corpus.texts[r] for r in rows])
     quality = dedup_quality(corpus, found.kept)
-    report(f"dedup, {verify} verification, 14x8 bands, threshold 0.8: {quality} "
+    report(f"dedup, {verify} verification, {cfg.bands}x{cfg.rows} bands, threshold 0.8: {quality} "
            f"[{found.candidate_pairs} candidates, {time.perf_counter() - start:.2f}s]")
     return corpus, found, quality
 

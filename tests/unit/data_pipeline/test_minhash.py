@@ -87,7 +87,7 @@ def test_shingle_sets_give_exact_jaccard():
     assert len(np.intersect1d(sa, sb)) == 91
 
 
-@pytest.mark.parametrize("kwargs", [{"ngram": 0}, {"bands": 17}, {"threshold": 0.0},
+@pytest.mark.parametrize("kwargs", [{"ngram": 0}, {"bands": 22}, {"threshold": 0.0},
                                     {"hash": "md5"}, {"verify": "maybe"}, {"seed": -1}])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError):
