@@ -4,7 +4,9 @@ The driver side builds a 2-node cluster per link speed and runs the benchmark's 
 every node under torchrun (`run_on_cluster`); the worker side (inside each rank) builds models
 from trainer flags and times training steps (`Worker`). Every rank writes its samples to a JSON
 file in a shared directory; the driver takes, per step, the slowest rank (a step is as slow as
-its slowest rank), then medians.
+its slowest rank), then medians. Two settings make the CPU cluster behave more like GPU nodes,
+for every scheme alike: megatron-core's all-to-all reduce-scatter (`--ring-reduce-scatter` for
+gloo's own) and real-time communication threads (`--no-comm-priority` to leave them be).
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ class _BufferSync:
 class StepStats:
     """What one step's gradient sync cost, as seen by this rank."""
 
-    comm_seconds: float = 0.0  # busy time of the communication threads (summed)
+    comm_seconds: float = 0.0  # time at least one communication thread was busy
     exposed_seconds: float = 0.0  # time the training thread waited for communication
     bytes_intra: int = 0  # sent by this rank (ring algorithm accounting)
     bytes_inter: int = 0
@@ -319,6 +319,7 @@ class LgsEngine:
         self._missing: dict[tuple[int, int], int] = {}  # bucket -> parameters not yet ready
         self._outstanding = 0
         self._inflight = 0
+        self._active_hops, self._busy_since = 0, 0.0
         self._cond = threading.Condition()
         self.stats = StepStats()
         self.steps = 0
@@ -467,18 +468,30 @@ class LgsEngine:
         self.streams[hop].wait_event(wait_for)
         return torch.cuda.stream(self.streams[hop])
 
-    def _busy(self, started: float) -> None:
+    @contextlib.contextmanager
+    def _hop(self, hop: str, wait_for):
+        """A hop on its stream. Communication time is the time at least one hop is running
+        (so it never exceeds the step, though the two hops may run at once)."""
         with self._cond:
-            self.stats.comm_seconds += time.perf_counter() - started
+            if not self._active_hops:
+                self._busy_since = time.perf_counter()
+            self._active_hops += 1
+        try:
+            with self._on_stream(hop, wait_for):
+                yield
+        finally:
+            with self._cond:
+                self._active_hops -= 1
+                if not self._active_hops:
+                    self.stats.comm_seconds += time.perf_counter() - self._busy_since
 
     def _intra_hop(self, bs: _BufferSync, k: int, ready):
         """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
         the node's sum of rows {n' g + l}. Hands the rest to the inter-node thread."""
-        started = time.perf_counter()
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         d, n, g = lv.size, lv.nodes, lv.per_node
         handoff = None
-        with self._on_stream("intra-node", ready):
+        with self._hop("intra-node", ready):
             staging = torch.cat([bs.fine[s.unit].rows(d)[:, s.lo:s.hi] for s in segments], dim=1)
             scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
             if scale != 1.0:
@@ -497,16 +510,14 @@ class LgsEngine:
             if self.cuda:
                 handoff = torch.cuda.Event()
                 handoff.record()
-        self._busy(started)
         return _worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
 
     def _inter_hop(self, bs: _BufferSync, k: int, part: torch.Tensor, handoff) -> None:
         """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
         the intra-node all-gather; then the reduced columns go back into megatron's buffer."""
-        started = time.perf_counter()
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         d, n, g = lv.size, lv.nodes, lv.per_node
-        with self._on_stream("inter-node", handoff):
+        with self._hop("inter-node", handoff):
             result = self._inter(bs, segments, part) if n > 1 else part
             if self.distributed_optimizer:  # only this rank's chunk (megatron does the same)
                 mine = (result if result.dim() == 1 else result[0]).unsqueeze(0)
@@ -522,7 +533,6 @@ class LgsEngine:
                     self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
                     full = gathered.transpose(0, 1).reshape(d, -1)
                 self._write_back(bs, segments, full, None)
-        self._busy(started)
 
     def _write_back(self, bs: _BufferSync, segments, values: torch.Tensor,
                     row: int | None) -> None:
