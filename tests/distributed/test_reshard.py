@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.conftest import TINY_GPT, report, run_pretrain
+from tests.distributed.checkpoint_files import global_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -66,14 +66,6 @@ def _load_dir(save: Path, iteration: int, dest: Path) -> Path:
     return dest
 
 
-def _global_tensors(checkpoint: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a dist_checkpointing directory, gathered whole from its shards."""
-    out = tmp / f"{checkpoint.parent.name}-{checkpoint.name}.pt"
-    dcp_to_torch_save(checkpoint, out)
-    return {k: v for k, v in torch.load(out, weights_only=True).items()
-            if isinstance(v, torch.Tensor)}
-
-
 def _adam_steps(checkpoint: Path) -> list[float]:
     common = torch.load(checkpoint / "common.pt", weights_only=True)
     return [group["step"] for optimizer in common["optimizer"]["common"]
@@ -97,8 +89,8 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     target_layout = json.loads((resaved_dir / "layout.json").read_text())
     assert target_layout["world_size"] == nproc
     assert (target_layout == saved_layout) == (source == target)
-    saved = _global_tensors(saved_dir, tmp_path)
-    resaved = _global_tensors(resaved_dir, tmp_path)
+    saved = global_tensors(saved_dir, tmp_path)
+    resaved = global_tensors(resaved_dir, tmp_path)
     assert set(resaved) == set(saved)
     for state in OPTIMIZER_STATES:
         assert any(k.startswith(f"optimizer.state.{state}.") for k in saved), state

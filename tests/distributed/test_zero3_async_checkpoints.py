@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from megatron_lgs.checkpointing import FAULT_ENV, TRACKER_FILE, latest_iteration
 from tests.conftest import TINY_GPT, report, run_pretrain
+from tests.distributed.checkpoint_files import global_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +45,6 @@ def killed(tmp_path_factory, data_cache):
                        env={FAULT_ENV: "save:after_commit@10"})
     assert run.returncode != 0 and latest_iteration(str(save)) == 10
     return run
-
-
-def _tensors(checkpoint: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    out = tmp / f"{checkpoint.parent.name}-{checkpoint.name}.pt"
-    dcp_to_torch_save(checkpoint, out)
-    return {k: v for k, v in torch.load(out, weights_only=True).items()
-            if isinstance(v, torch.Tensor)}
 
 
 def _load_dir(save: Path, iteration: int, dest: Path) -> Path:
@@ -85,8 +78,8 @@ def test_zero3_resumes_bitwise_after_sigkills_and_async_saves_write_what_sync_sa
     assert latest_iteration(str(save)) == 20 and not list(save.glob("*.partial"))
     # Training went on while 15 and 20 were written: the bytes are still those iterations'.
     for name in ("iter_0000015", "iter_0000020"):
-        ours = _tensors(save / name, tmp_path)
-        theirs = _tensors(straight.save_dir / name, tmp_path)
+        ours = global_tensors(save / name, tmp_path)
+        theirs = global_tensors(straight.save_dir / name, tmp_path)
         assert set(ours) == set(theirs) and any(k.startswith("optimizer.state.exp_avg.")
                                                 for k in ours)
         assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
@@ -112,8 +105,8 @@ def test_zero3_reshards_to_zero1_and_back_with_the_uninterrupted_losses(straight
         list(range(11, 21))
     gap = max(abs(a - b) for a, b in zip(losses, reference[10:], strict=True))
     assert gap <= 1e-6
-    ours = _tensors(tmp_path / "zero1" / "iter_0000015", tmp_path)
-    theirs = _tensors(straight.save_dir / "iter_0000015", tmp_path)
+    ours = global_tensors(tmp_path / "zero1" / "iter_0000015", tmp_path)
+    theirs = global_tensors(straight.save_dir / "iter_0000015", tmp_path)
     assert set(ours) == set(theirs)
     worst = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
     assert worst <= 1e-6
