@@ -157,16 +157,22 @@ def to_hf(ours: dict[str, torch.Tensor], m: ModelConfig, vocab: int) -> dict[str
     return {k: v.contiguous() for k, v in hf.items()}
 
 
+# GPT-2's per-layer names beside ours (both directions use them; its Linear-like modules are
+# Conv1D, stored [in, out], so their weights are transposed on the way).
+_GPT2_NORMS = (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2"))
+_GPT2_LINEARS = (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
+                 ("mlp.linear_fc2", "mlp.c_proj"))
+
+
 def _gpt2_layer(ours: dict, src: str, dst: str, s: Shape, hf: dict) -> None:
-    for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+    for a, b in _GPT2_NORMS:
         hf[f"{dst}{b}.weight"] = ours[f"{src}{a}.weight"]
         hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
     qkv_w, qkv_b = (torch.cat(_split_qkv(ours[f"{src}self_attention.linear_qkv.{p}"], s))
                     for p in ("weight", "bias"))
     hf[f"{dst}attn.c_attn.weight"] = qkv_w.t()  # Conv1D: [in, out]
     hf[f"{dst}attn.c_attn.bias"] = qkv_b
-    for a, b in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
-                 ("mlp.linear_fc2", "mlp.c_proj")):
+    for a, b in _GPT2_LINEARS:
         hf[f"{dst}{b}.weight"] = ours[f"{src}{a}.weight"].t()
         hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
 
@@ -291,14 +297,13 @@ def from_hf(hf: dict[str, torch.Tensor], m: ModelConfig, vocab: int,
 
 
 def _gpt2_layer_back(hf: dict, src: str, dst: str, s: Shape, ours: dict) -> None:
-    for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+    for a, b in _GPT2_NORMS:
         ours[f"{dst}{a}.weight"] = hf[f"{src}{b}.weight"]
         ours[f"{dst}{a}.bias"] = hf[f"{src}{b}.bias"]
     w, b = hf[f"{src}attn.c_attn.weight"].t(), hf[f"{src}attn.c_attn.bias"]
     ours[f"{dst}self_attention.linear_qkv.weight"] = _join_qkv(*w.chunk(3, dim=0), s)
     ours[f"{dst}self_attention.linear_qkv.bias"] = _join_qkv(*b.chunk(3, dim=0), s)
-    for a, b_ in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
-                  ("mlp.linear_fc2", "mlp.c_proj")):
+    for a, b_ in _GPT2_LINEARS:
         ours[f"{dst}{a}.weight"] = hf[f"{src}{b_}.weight"].t()
         ours[f"{dst}{a}.bias"] = hf[f"{src}{b_}.bias"]
 
