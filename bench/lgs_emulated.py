@@ -251,8 +251,17 @@ def add_model_args(p, *, hidden: int, layers: int, seq: int, vocab: int) -> None
                         "real-time priority over the compute thread, as on a GPU node)")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--work-dir", type=Path, help="keep node logs and rank files here")
     p.add_argument("--worker", action="store_true", help=argparse_suppress())
     p.add_argument("--out", help=argparse_suppress())
+
+
+def parse_bench_args(p):
+    """The parsed flags, with the world size the emulated cluster will have."""
+    a = p.parse_args()
+    a.world = a.nodes * a.gpus_per_node
+    return a
 
 
 def argparse_suppress() -> str:

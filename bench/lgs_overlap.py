@@ -40,6 +40,7 @@ from lgs_emulated import (
     Worker,
     add_model_args,
     model_flags,
+    parse_bench_args,
     read_ranks,
     run_on_cluster,
     slowest_median,
@@ -268,13 +269,10 @@ def main() -> None:
                    help="also train LGS and LGS+INT8 this many steps on the slowest link")
     p.add_argument("--int8-only", action="store_true",
                    help="only the INT8 loss-gap runs (with --int8-loss-steps)")
-    p.add_argument("--timeout", type=float, default=3600)
-    p.add_argument("--work-dir", type=Path, help="keep node logs and rank files here")
     if "--quick" in sys.argv:  # defaults only: flags given explicitly still win
         p.set_defaults(gbit=[1.0], micro_batches=[1], rounds=2, steps=2, hidden_size=256,
                        num_layers=2, tune_max_steps=60, bucket_sweep=[250_000, 1_000_000])
-    a = p.parse_args()
-    a.world = a.nodes * a.gpus_per_node
+    a = parse_bench_args(p)
     if a.worker:
         worker(a)
         return

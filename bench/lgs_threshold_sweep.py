@@ -28,7 +28,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from lgs_emulated import Worker, add_model_args, model_flags, read_ranks, run_on_cluster
+from lgs_emulated import (
+    Worker,
+    add_model_args,
+    model_flags,
+    parse_bench_args,
+    read_ranks,
+    run_on_cluster,
+)
 
 
 # -- worker (one rank) --------------------------------------------------------------------------
@@ -172,13 +179,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="measured steps per cell per round")
     p.add_argument("--tune-max-steps", type=int, default=150)
     p.add_argument("--png", type=Path, default=Path("lgs_threshold_sweep.png"))
-    p.add_argument("--timeout", type=float, default=3600)
-    p.add_argument("--work-dir", type=Path, help="keep node logs and rank files here")
     if "--quick" in sys.argv:  # defaults only: flags given explicitly still win
         p.set_defaults(grid=[2, 4, 8, 16], rounds=1, steps=2, hidden_size=256, num_layers=2,
                        tune_max_steps=80)
-    a = p.parse_args()
-    a.world = a.nodes * a.gpus_per_node
+    a = parse_bench_args(p)
     if a.worker:
         worker(a)
         return
