@@ -108,6 +108,8 @@ class HierarchicalCost:
     intra_s: float
     inter_s: float
     inter_messages: int
+    intra_reduce_scatter_s: float = 0.0  # the part of intra_s before the inter-node hop
+
 
     @property
     def total_s(self) -> float:
@@ -136,18 +138,17 @@ def hierarchical_allreduce(
     _check(m, n)
     if inter_message_cap is not None and inter_message_cap <= 0:
         raise ValueError(f"inter_message_cap must be > 0 bytes, got {inter_message_cap}")
-    intra = reduce_scatter_time(n, g, hw.intra)
-    if all_gather:
-        intra += all_gather_time(n, g, hw.intra)
+    first = reduce_scatter_time(n, g, hw.intra)
+    intra = first + (all_gather_time(n, g, hw.intra) if all_gather else 0.0)
     shard = n / g
     if m == 1 or shard == 0:
-        return HierarchicalCost(intra, 0.0, 0)
+        return HierarchicalCost(intra, 0.0, 0, first)
     k = 1 if inter_message_cap is None else max(1, math.ceil(shard / inter_message_cap))
     # With the distributed optimizer the inter-node hop is a reduce-scatter (each rank keeps
     # its ZeRO shard), as `sync` issues it; otherwise an all-reduce.
     inter_op = ring_allreduce_time if all_gather else reduce_scatter_time
     inter = k * inter_op(shard / k, m, hw.inter)
-    return HierarchicalCost(intra, inter, k)
+    return HierarchicalCost(intra, inter, k, first)
 
 
 # Constants: link figures from ../shared/REFERENCE.md ("Typical links"); peak FLOP/s and memory

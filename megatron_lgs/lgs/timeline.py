@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce, reduce_scatter_time
+from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
 from megatron_lgs.lgs.workload import (
     BackwardOp,
     Layout,
@@ -162,7 +162,7 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
                                       all_gather=not lay.distributed_optimizer)
         if pipelined_hops:
-            first = reduce_scatter_time(nbytes, g, w.hw.intra) if g > 1 else 0.0
+            first = cost.intra_reduce_scatter_s
             start = max(ready, first_free)
             first_free = start + first
             free = max(first_free, free) + cost.total_s - first
