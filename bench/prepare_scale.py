@@ -65,8 +65,8 @@ def run_once(planted: Planted, src: Path, out: Path, workers: int, args) -> dict
     sampler.start()
     start = time.perf_counter()
     prepare(PrepareConfig(sources=(DomainSource("web", str(src)),), output=out,
-                          vocab_size=args.vocab_size, partition_bytes=args.partition_mb << 20,
-                          progress=False), executor)
+                          vocab_size=args.vocab_size, vocab_sample_bytes=args.vocab_sample_mb << 20,
+                          partition_bytes=args.partition_mb << 20, progress=False), executor)
     seconds = time.perf_counter() - start
     whole = sampler.stop()
     per_stage = {stage: max((s["peak_rss_mb"] for s in stats if s), default=0.0)
@@ -87,6 +87,7 @@ def main() -> None:
     p.add_argument("--partition-mb", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--vocab-sample-mb", type=int, default=PrepareConfig.vocab_sample_bytes >> 20)
     p.add_argument("--dir", type=Path, default=None, help="where corpora go (default: tmp)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="prepare-scale-", dir=args.dir))

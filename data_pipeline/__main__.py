@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     tok = prep.add_mutually_exclusive_group(required=True)
     tok.add_argument("--tokenizer", type=Path, help="a local tokenizer.json")
     tok.add_argument("--vocab-size", type=int, help="train a byte-level BPE on the kept text")
+    prep.add_argument("--vocab-sample-bytes", type=int,
+                      default=PrepareConfig.vocab_sample_bytes,
+                      help="with --vocab-size: train on at most this many bytes of kept text, "
+                           "the same share of every partition (0: all of it)")
     d = prep.add_argument_group("deduplication")
     defaults = MinHashConfig()
     d.add_argument("--no-near-dedup", action="store_true", help="exact deduplication only")
@@ -131,6 +135,7 @@ def _prepare(args: argparse.Namespace) -> None:
     cfg = PrepareConfig(
         sources=tuple(DomainSource.parse(spec) for spec in args.domain),
         output=args.output, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        vocab_sample_bytes=args.vocab_sample_bytes,
         ingest=_ingest_config(args),
         minhash=MinHashConfig(args.ngram, args.num_perm, args.minhash_seed, args.bands,
                               args.rows, args.threshold, args.minhash_hash, args.verify,

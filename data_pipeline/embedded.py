@@ -141,7 +141,7 @@ def prepare_embedded(cache_dir: str | os.PathLike[str], vocab_size: int) -> Path
     from data_pipeline.sources import DomainSource
 
     corpus = load_embedded_corpus()
-    key = hashlib.sha256(f"{corpus.fingerprint}:{vocab_size}:v2".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{corpus.fingerprint}:{vocab_size}:v3".encode()).hexdigest()[:16]
     output = Path(cache_dir) / f"embedded-{key}"
     if (output / "manifest.json").is_file():
         return output

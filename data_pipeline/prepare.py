@@ -43,6 +43,9 @@ class PrepareConfig:
     output: Path
     tokenizer: Path | None = None
     vocab_size: int | None = None
+    # BPE trains on at most this many bytes of kept text (0: all of it), so the one `vocab`
+    # task's time and memory stop growing with the corpus; see stages/vocab.py.
+    vocab_sample_bytes: int = 256 << 20
     ingest: IngestConfig = field(default_factory=IngestConfig)
     minhash: MinHashConfig = field(default_factory=MinHashConfig)
     near_dedup: bool = True
@@ -62,6 +65,8 @@ class PrepareConfig:
             raise ValueError("give exactly one of --tokenizer FILE and --vocab-size N")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ValueError(f"--tokenizer {self.tokenizer}: no such file")
+        if self.vocab_sample_bytes < 0:
+            raise ValueError(f"--vocab-sample-bytes must be >= 0, got {self.vocab_sample_bytes}")
         if self.reject_samples < 0:
             raise ValueError(f"reject_samples must be >= 0, got {self.reject_samples}")
         if self.partition_bytes < 1:
@@ -116,7 +121,8 @@ def make_plan(cfg: PrepareConfig) -> Plan:
         sources={d: [s.pattern for s in cfg.sources if s.domain == d] for d in domains},
         ingest=cfg.ingest, minhash=cfg.minhash, near_dedup=cfg.near_dedup,
         tokenizer=None if cfg.tokenizer is None else str(Path(cfg.tokenizer).resolve()),
-        vocab_size=cfg.vocab_size, shard_max_docs=cfg.shard_max_docs,
+        vocab_size=cfg.vocab_size, vocab_sample_bytes=cfg.vocab_sample_bytes,
+        shard_max_docs=cfg.shard_max_docs,
         shard_max_bytes=cfg.shard_max_bytes, reject_samples=cfg.reject_samples,
         partition_bytes=cfg.partition_bytes, output_format=cfg.output_format,
         exact_tasks=shuffle, bucket_tasks=shuffle, verify_tasks=shuffle)

@@ -42,9 +42,10 @@ class ShardSink:
         if max_docs < 1 or max_bytes < 1:
             raise ValueError(f"shard limits must be >= 1, got {max_docs} docs, {max_bytes} bytes")
         self.out_dir = out_dir
-        # mtime fixed: the same input gives byte-identical shards, hence the same fingerprint.
+        # mtime fixed: the same input gives byte-identical shards, hence the same fingerprint;
+        # an int, since a float mtime makes tarfile add a pax header to every member.
         self._writer = wds.ShardWriter(str(out_dir / SHARD_PATTERN), maxcount=max_docs,
-                                       maxsize=max_bytes, verbose=0, mtime=0.0)
+                                       maxsize=max_bytes, verbose=0, mtime=0)
         self._expected: dict[str, list[tuple[str, int, int]]] = {}
         self._count = first_key  # keys number documents across the whole dataset
 

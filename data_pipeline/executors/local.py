@@ -1,7 +1,9 @@
-"""``--executor local --workers N``: a pool of N processes (forked from a server that has the
-pipeline imported), kept for the whole run; each task's peak RSS is its own (VmHWM is reset
-when a task starts). Stages run one after the other; the first failing task (in task order)
-stops the run with its error."""
+"""``--executor local --workers N``: a pool of N processes, each task in a process of its own
+(forked from a server that has the pipeline imported, so a task neither imports anything nor
+inherits an earlier task's heap: its peak RSS is its own). A stage with fewer tasks than workers
+gives each task the idle workers' CPUs as tokenizer threads (the one-task `vocab` stage trains
+with N threads). Stages run one after the other; the first failing task (in task order) stops
+the run with its error."""
 
 from __future__ import annotations
 
@@ -10,13 +12,11 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from data_pipeline.stages import STAGES
 from data_pipeline.stages.task import run_task
 
 # "__main__" too: the server imports the main script once, so a task's process does not
 # import it again (spawn semantics), which costs seconds for a script that imports much.
-_PRELOAD = ["__main__", "data_pipeline.stages.task",
-            *(f"data_pipeline.stages.{s}" for s in STAGES)]
+_PRELOAD = ["__main__", "data_pipeline.executors.preload"]
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -40,7 +40,9 @@ class LocalExecutor:
         if self._pool is None:
             self.stats[stage] = [run_task(work, stage, i) for i in range(n_tasks)]
             return
-        futures = [self._pool.submit(run_task, str(work), stage, i) for i in range(n_tasks)]
+        threads = max(1, self.workers // n_tasks)
+        futures = [self._pool.submit(run_task, str(work), stage, i, threads)
+                   for i in range(n_tasks)]
         wait(futures, return_when=FIRST_EXCEPTION)
         failed = [i for i, f in enumerate(futures)
                   if f.done() and not f.cancelled() and f.exception() is not None]
@@ -55,7 +57,8 @@ class LocalExecutor:
 
     def run(self, work: Path, stages: Sequence[tuple[str, int]]) -> None:
         if self.workers:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context())
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context(),
+                                             max_tasks_per_child=1)
         try:
             for stage, n_tasks in stages:
                 if n_tasks:

@@ -50,6 +50,7 @@ class Plan:
     near_dedup: bool
     tokenizer: str | None
     vocab_size: int | None
+    vocab_sample_bytes: int
     shard_max_docs: int
     shard_max_bytes: int
     reject_samples: int
@@ -70,7 +71,8 @@ class Plan:
             "minhash": {**{k: v for k, v in vars(self.minhash).items() if k != "shingle"},
                         "shingle": vars(self.minhash.shingle)},
             "near_dedup": self.near_dedup, "tokenizer": self.tokenizer,
-            "vocab_size": self.vocab_size, "shard_max_docs": self.shard_max_docs,
+            "vocab_size": self.vocab_size, "vocab_sample_bytes": self.vocab_sample_bytes,
+            "shard_max_docs": self.shard_max_docs,
             "shard_max_bytes": self.shard_max_bytes, "reject_samples": self.reject_samples,
             "partition_bytes": self.partition_bytes, "output_format": self.output_format,
             "exact_tasks": self.exact_tasks, "bucket_tasks": self.bucket_tasks,
@@ -90,7 +92,8 @@ class Plan:
                                 FilterConfig(**ing["filters"]), ing["text_field"],
                                 ing["strict"]),
             minhash=MinHashConfig(**mh), near_dedup=r["near_dedup"], tokenizer=r["tokenizer"],
-            vocab_size=r["vocab_size"], shard_max_docs=r["shard_max_docs"],
+            vocab_size=r["vocab_size"], vocab_sample_bytes=r["vocab_sample_bytes"],
+            shard_max_docs=r["shard_max_docs"],
             shard_max_bytes=r["shard_max_bytes"], reject_samples=r["reject_samples"],
             partition_bytes=r["partition_bytes"], output_format=r["output_format"],
             exact_tasks=r["exact_tasks"], bucket_tasks=r["bucket_tasks"],

@@ -135,7 +135,7 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
         "shards": shards,
         "config": {k: record[k] for k in ("ingest", "minhash", "near_dedup", "shard_max_docs",
                                           "shard_max_bytes", "partition_bytes",
-                                          "output_format")},
+                                          "vocab_sample_bytes", "output_format")},
     }
     if plan.output_format == "megatron":
         manifest["megatron"] = _megatron(plan, out, shards, tokenizer.get_vocab_size())

@@ -39,13 +39,21 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | None:
-    """Run (or skip, when already complete) one task; its stats, or None when skipped."""
+def _tokenizer_threads(threads: int) -> None:
+    """The tokenizer library's threads for this process (read when it first tokenizes, so a
+    task process must not have tokenized before); a user's own setting wins."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads > 1 else "false")
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+
+
+def run_task(work: str | Path, stage: str, index: int,
+             threads: int = 1) -> dict[str, float] | None:
+    """Run (or skip, when already complete) one task with ``threads`` CPUs; its stats, or None
+    when skipped."""
     work = Path(work)
     if is_complete(work, stage, index):
         return None
-    # One thread per task: the executor's workers are the parallelism.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _tokenizer_threads(threads)
     _reset_peak_rss()
     start = time.perf_counter()
     plan = load_plan(work)
@@ -53,8 +61,8 @@ def run_task(work: str | Path, stage: str, index: int) -> dict[str, float] | Non
     tmp = begin(work, stage, index)
     module.run(plan, work, index, tmp)
     commit(work, stage, index, tmp)
-    stats = {"seconds": time.perf_counter() - start,
-             "peak_rss_mb": _peak_rss_mb()}
+    stats = {"seconds": time.perf_counter() - start, "peak_rss_mb": _peak_rss_mb(),
+             "threads": threads, "pid": os.getpid()}
     write_json(work / stage / f"{index:05d}.stats.json", stats)
     return stats
 
@@ -65,7 +73,7 @@ def main(argv: list[str]) -> int:
 
     work, stage, index = argv
     try:
-        run_task(work, stage, int(index))
+        run_task(work, stage, int(index), int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
     except (InputError, DatasetError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

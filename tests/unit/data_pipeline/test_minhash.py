@@ -1,3 +1,5 @@
+import unicodedata
+
 import numpy as np
 import pytest
 from datasketch import MinHash
@@ -64,6 +66,15 @@ def test_shingle_view_folds_case_punctuation_digits_accents():
     assert shingle_view("Café 12", ShingleNormalization(unicode=False, digits=False)) == \
         "café 12"
     assert shingle_view("A.b", ShingleNormalization(False, False, False, False)) == "A.b"
+
+
+def test_accents_are_dropped_as_their_unicode_category_says():
+    text = "Tiếng Việt, Ελληνικά ἀρχή, naïve ﬁ Ｆｕｌｌ, e\u0301\u0327 İstanbul 東京"
+    decomposed = unicodedata.normalize("NFKD", text)
+    by_category = "".join(c for c in decomposed if unicodedata.category(c) != "Mn")
+    only_unicode = ShingleNormalization(False, False, False, True)
+    assert shingle_view(text, only_unicode) == by_category
+    assert shingle_view(text, only_unicode).startswith("Tieng Viet, Ελληνικα αρχη, naive fi Full")
 
 
 def test_signature_does_not_depend_on_the_batch():

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,12 @@ def test_shards_are_webdataset_and_index_points_at_tokens(prepared, corpus):
     decoded = tokenizer.decode(np.frombuffer(first_web["tokens.i32"], "<i4").tolist())
     assert decoded == normalize(text, NormalizeConfig())
     assert manifest["tokenizer"]["vocab_size"] == VOCAB_SIZE
+    # Plain ustar members: no pax header per member (a float mtime would add one to each).
+    with tarfile.open(out / manifest["shards"][0]["tar"]) as tar:
+        members = tar.getmembers()
+    assert len(members) == 3 * manifest["shards"][0]["documents"]
+    assert not any(m.pax_headers for m in members)
+    assert {m.mtime for m in members} == {0}
 
 
 def test_duplicates_removed_within_and_across_domains(prepared, corpus):
@@ -148,6 +155,7 @@ def test_strict_stops_at_first_input_error(tmp_path, capsys):
     (["--domain", "a=/nonexistent/dir"], 1, "no files found"),
     (["--domain", "a=.", "--threshold", "1.5"], 2, "threshold"),
     (["--domain", "a=.", "--bands", "20", "--rows", "8"], 2, "bands x rows"),
+    (["--domain", "a=.", "--vocab-sample-bytes", "-1"], 2, "--vocab-sample-bytes"),
 ])
 def test_bad_flags_one_line(argv, code, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:

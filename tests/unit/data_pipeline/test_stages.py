@@ -20,6 +20,7 @@ from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.manifest import load_manifest
 from data_pipeline.prepare import work_dir
 from data_pipeline.shard_reader import DocumentStore
+from data_pipeline.stages.vocab import sample_rows
 
 REPO = Path(__file__).resolve().parents[3]
 def cli(corpus, output: Path, *extra: str) -> subprocess.Popen:
@@ -50,8 +51,15 @@ def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference
     expected = digests(reference.output)
     for workers in (2, 4):
         out = tmp_path / f"w{workers}"
-        prepare_corpus(corpus, out, executor=LocalExecutor(workers), **FLAGS)
+        pool = LocalExecutor(workers)
+        prepare_corpus(corpus, out, executor=pool, **FLAGS)
         assert digests(out) == expected, workers
+        # A process per task; the one-task stages get every worker's CPU as threads.
+        pids = [s["pid"] for stats in pool.stats.values() for s in stats]
+        assert len(set(pids)) == len(pids)
+        assert pool.stats["vocab"][0]["threads"] == workers
+        writes = pool.stats["write"]
+        assert {s["threads"] for s in writes} == {max(1, workers // len(writes))}
 
     # The command line with one worker, SIGKILLed once the signature stage has begun.
     out = tmp_path / "killed"
@@ -91,6 +99,29 @@ def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr
     assert digests(out1) == expected
+
+
+def test_vocab_sample_takes_the_same_share_of_every_partition():
+    kept = [np.array([0, 1, 3, 4]), np.array([0, 2]), np.array([], dtype=np.int64)]
+    sizes = [np.array([10, 10, 10, 10]), np.array([5, 5]), np.array([], dtype=np.int64)]
+    # 50 bytes, cap 30: a share of 0.6, so 24 of the first partition's 40 bytes (documents
+    # starting at 0, 10, 20) and 6 of the second's 10 (starting at 0, 5).
+    got = sample_rows(kept, sizes, 30)
+    assert [g.tolist() for g in got] == [[0, 1, 3], [0, 2], []]
+    assert [g.tolist() for g in sample_rows(kept, sizes, 10)] == [[0], [0], []]
+    for cap in (0, 50, 10**9):  # off, or the whole corpus fits
+        assert [g.tolist() for g in sample_rows(kept, sizes, cap)] == [k.tolist() for k in kept]
+
+
+def test_a_vocab_sample_changes_only_the_tokenizer(corpus, reference, tmp_path):
+    sampled = prepare_corpus(corpus, tmp_path / "sampled", vocab_sample_bytes=20_000, **FLAGS)
+    assert sampled.manifest["config"]["vocab_sample_bytes"] == 20_000
+    ref_tok = (reference.output / "tokenizer.json").read_bytes()
+    assert (sampled.output / "tokenizer.json").read_bytes() != ref_tok
+    assert sampled.manifest["counts"].keys() == reference.manifest["counts"].keys()
+    for domain, counts in sampled.manifest["counts"].items():
+        assert {k: v for k, v in counts.items() if k != "tokens"} == \
+            {k: v for k, v in reference.manifest["counts"][domain].items() if k != "tokens"}
 
 
 def test_megatron_prefixes_hold_the_shards_documents(reference):
