@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--vocab-size", type=int, help="train a byte-level BPE on the kept text")
     prep.add_argument("--vocab-sample-bytes", type=int,
                       default=PrepareConfig.vocab_sample_bytes,
-                      help="with --vocab-size: train on at most this many bytes of kept text, "
-                           "the same share of every partition (0: all of it)")
+                      help="with --vocab-size: train on about this many bytes of text, the same "
+                           "share of every partition, duplicates left out (0: all kept text)")
     d = prep.add_argument_group("deduplication")
     defaults = MinHashConfig()
     d.add_argument("--no-near-dedup", action="store_true", help="exact deduplication only")

@@ -43,7 +43,7 @@ class PrepareConfig:
     output: Path
     tokenizer: Path | None = None
     vocab_size: int | None = None
-    # BPE trains on at most this many bytes of kept text (0: all of it), so the one `vocab`
+    # BPE trains on about this many bytes of text (0: all kept text), so the one `vocab`
     # task's time and memory stop growing with the corpus; see stages/vocab.py.
     vocab_sample_bytes: int = 256 << 20
     ingest: IngestConfig = field(default_factory=IngestConfig)

@@ -57,6 +57,8 @@ class LocalExecutor:
 
     def run(self, work: Path, stages: Sequence[tuple[str, int]]) -> None:
         if self.workers:
+            # max_tasks_per_child > 1 can deadlock on Python 3.11 (CPython gh-115634: a
+            # stale idle-worker token stops replacement); with 1 no token is ever released.
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context(),
                                              max_tasks_per_child=1)
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,31 +174,47 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 class Texts:
-    """Random access to the accepted texts of every partition by global row (memory-mapped,
-    so a task touches only the pages of the documents it asks for)."""
+    """Random access to the accepted texts of every partition by global row.
 
-    def __init__(self, work: Path, starts: np.ndarray) -> None:
+    Read with ``pread``, not memory-mapped: a mapping adds the kernel's fault-around pages
+    (64 KiB per touch) to the task's RSS, so a task reading documents scattered over the corpus
+    (``verify``) would look as large as every page it brushed. At most ``max_open`` partitions
+    are open at once (least recently used closed first), so a corpus of many thousands of
+    partitions needs neither as many file descriptors nor all their offsets in memory."""
+
+    def __init__(self, work: Path, starts: np.ndarray, max_open: int = 64) -> None:
         self.work = work
         self.starts = starts
-        self._open: dict[int, tuple[np.ndarray, np.memmap]] = {}
+        self.max_open = max_open
+        self._open: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
 
-    def _partition(self, p: int) -> tuple[np.ndarray, np.memmap]:
-        if p not in self._open:
-            root = task_dir(self.work, "read", p)
-            offsets = np.load(root / "offsets.npy")
-            data = np.memmap(root / "texts.bin", dtype=np.uint8, mode="r") \
-                if offsets[-1] else np.zeros(0, dtype=np.uint8)
-            self._open[p] = (offsets, data)
+    def _partition(self, p: int) -> tuple[np.ndarray, int]:
+        if p in self._open:
+            self._open.move_to_end(p)
+            return self._open[p]
+        if len(self._open) >= self.max_open:
+            os.close(self._open.popitem(last=False)[1][1])
+        root = task_dir(self.work, "read", p)
+        self._open[p] = (np.load(root / "offsets.npy"), os.open(root / "texts.bin", os.O_RDONLY))
         return self._open[p]
 
     def get(self, rows: list[int]) -> list[str]:
         parts = np.searchsorted(self.starts, rows, side="right") - 1
         out = []
         for row, p in zip(rows, parts.tolist(), strict=True):
-            offsets, data = self._partition(p)
+            offsets, fd = self._partition(p)
             local = row - int(self.starts[p])
-            out.append(bytes(data[offsets[local]:offsets[local + 1]]).decode("utf-8"))
+            lo, hi = int(offsets[local]), int(offsets[local + 1])
+            out.append(os.pread(fd, hi - lo, lo).decode("utf-8"))
         return out
 
     def close(self) -> None:
+        for _, fd in self._open.values():
+            os.close(fd)
         self._open.clear()
+
+    def __enter__(self) -> Texts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -19,8 +19,8 @@ from data_pipeline.stages.common import begin, commit, is_complete, load_plan, w
 
 
 def _reset_peak_rss() -> None:
-    """Linux: writing 5 to clear_refs resets VmHWM, so a worker that runs task after task
-    reports each task's own peak."""
+    """Linux: writing 5 to clear_refs resets VmHWM, so tasks run one after another in one
+    process (the in-process executor) report each its own peak."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

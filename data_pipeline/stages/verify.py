@@ -47,7 +47,8 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     pairs = pairs.reshape(-1, 2)
     starts = partition_rows(work, plan)
     if plan.minhash.verify == "exact":
-        jaccard = exact_jaccards(pairs, Texts(work, starts).get, plan.minhash)
+        with Texts(work, starts) as texts:
+            jaccard = exact_jaccards(pairs, texts.get, plan.minhash)
     else:
         rows = np.unique(pairs)
         sig = Signatures(work, plan, starts).get(rows)

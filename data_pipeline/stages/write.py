@@ -55,14 +55,15 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     tokenizer = load_tokenizer(task_dir(work, "vocab", 0) / TOKENIZER_FILE)
     ids = read_json(task_dir(work, "read", index) / "ids.json")
     sink = ShardSink(out, plan.shard_max_docs, plan.shard_max_bytes, first_key=first_key)
-    texts = Texts(work, starts)
     tokens = 0
-    for lo in range(0, len(rows), _TOKENIZE_BATCH):
-        batch = rows[lo:lo + _TOKENIZE_BATCH]
-        for row, encoding in zip(batch, tokenizer.encode_batch(texts.get(batch)), strict=True):
-            doc = np.asarray(encoding.ids, dtype=np.int64)
-            tokens += len(doc)
-            sink.write(doc, domain_id, domain, ids[row - int(starts[index])])
+    with Texts(work, starts, max_open=1) as texts:  # this partition's own texts
+        for lo in range(0, len(rows), _TOKENIZE_BATCH):
+            batch = rows[lo:lo + _TOKENIZE_BATCH]
+            for row, encoding in zip(batch, tokenizer.encode_batch(texts.get(batch)),
+                                     strict=True):
+                doc = np.asarray(encoding.ids, dtype=np.int64)
+                tokens += len(doc)
+                sink.write(doc, domain_id, domain, ids[row - int(starts[index])])
     write_json(out / "shards.json", [asdict(s) for s in sink.close()])
     write_json(out / "written.json", {"documents": len(rows), "tokens": tokens})
     _report(plan, work, index, starts, out)

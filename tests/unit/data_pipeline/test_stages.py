@@ -20,7 +20,7 @@ from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.manifest import load_manifest
 from data_pipeline.prepare import work_dir
 from data_pipeline.shard_reader import DocumentStore
-from data_pipeline.stages.vocab import sample_rows
+from data_pipeline.stages.vocab import sample_prefix
 
 REPO = Path(__file__).resolve().parents[3]
 def cli(corpus, output: Path, *extra: str) -> subprocess.Popen:
@@ -101,16 +101,12 @@ def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference
     assert digests(out1) == expected
 
 
-def test_vocab_sample_takes_the_same_share_of_every_partition():
-    kept = [np.array([0, 1, 3, 4]), np.array([0, 2]), np.array([], dtype=np.int64)]
-    sizes = [np.array([10, 10, 10, 10]), np.array([5, 5]), np.array([], dtype=np.int64)]
-    # 50 bytes, cap 30: a share of 0.6, so 24 of the first partition's 40 bytes (documents
-    # starting at 0, 10, 20) and 6 of the second's 10 (starting at 0, 5).
-    got = sample_rows(kept, sizes, 30)
-    assert [g.tolist() for g in got] == [[0, 1, 3], [0, 2], []]
-    assert [g.tolist() for g in sample_rows(kept, sizes, 10)] == [[0], [0], []]
-    for cap in (0, 50, 10**9):  # off, or the whole corpus fits
-        assert [g.tolist() for g in sample_rows(kept, sizes, cap)] == [k.tolist() for k in kept]
+def test_vocab_sample_takes_the_first_documents_of_each_share():
+    offsets = np.array([0, 10, 20, 30, 40])
+    # 0.6 of 40 bytes is 24: the documents starting at 0, 10 and 20.
+    assert sample_prefix(offsets, 0.6) == 3
+    assert sample_prefix(offsets, 0.25) == 1 and sample_prefix(offsets, 0.26) == 2
+    assert sample_prefix(offsets, 1.0) == 4 and sample_prefix(np.array([0]), 0.5) == 0
 
 
 def test_a_vocab_sample_changes_only_the_tokenizer(corpus, reference, tmp_path):
