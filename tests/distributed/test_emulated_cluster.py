@@ -88,7 +88,10 @@ def test_a_signal_removes_every_namespace_and_process(tmp_path, sig):
     marker = tmp_path / "sleeping"
     proc = subprocess.Popen([*TOOL, "--nodes", "2", "--gpus-per-node", "2", "--inter-gbit", "1",
                              "--", "sh", "-c", f"touch {marker}$NODE_RANK; exec sleep 600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # A suite started in the background (nohup, `&`) hands its children
+                            # SIGINT ignored; a terminal's Ctrl-C reaches the tool with it on.
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (marker.with_name("sleeping0").exists() and marker.with_name("sleeping1").exists()):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr

@@ -20,6 +20,7 @@ from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.manifest import load_manifest
 from data_pipeline.prepare import work_dir
 from data_pipeline.shard_reader import DocumentStore
+from data_pipeline.stages.common import Texts, task_dir
 from data_pipeline.stages.vocab import sample_prefix
 
 REPO = Path(__file__).resolve().parents[3]
@@ -99,6 +100,22 @@ def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr
     assert digests(out1) == expected
+
+
+def test_texts_reads_any_row_with_a_bounded_number_of_open_partitions(tmp_path):
+    docs = [[f"p{p} doc {i} " + "é" * i for i in range(4)] for p in range(5)]
+    for p, texts in enumerate(docs):
+        root = task_dir(tmp_path, "read", p)
+        root.mkdir(parents=True)
+        data = [t.encode() for t in texts]
+        (root / "texts.bin").write_bytes(b"".join(data))
+        np.save(root / "offsets.npy", np.cumsum([0, *map(len, data)]))
+    starts = np.arange(0, 24, 4)
+    rows = [19, 0, 7, 13, 2, 19, 8, 1, 17, 6]
+    with Texts(tmp_path, starts, max_open=2) as texts:
+        got = texts.get(rows)
+        assert len(texts._open) == 2
+    assert got == [docs[r // 4][r % 4] for r in rows] and not texts._open
 
 
 def test_vocab_sample_takes_the_first_documents_of_each_share():
