@@ -16,7 +16,7 @@ import numpy as np
 
 from data_pipeline.dedup import best_partners, union_find
 from data_pipeline.minhash import estimated_jaccard
-from data_pipeline.stages import exact, verify
+from data_pipeline.stages import verify
 from data_pipeline.stages.common import Plan, partition_rows, read_json, task_dir, write_json
 
 NEAR_DTYPE = np.dtype([("row", "<i8"), ("kept", "<i8"), ("jaccard", "<f8"),
@@ -66,10 +66,9 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     })
 
 
-def kept_rows(work: Path, plan: Plan, p: int, starts: np.ndarray) -> np.ndarray:
-    """Local rows of partition p that survive exact and near dedup, in keep order."""
-    lo, hi = int(starts[p]), int(starts[p + 1])
-    near = np.load(task_dir(work, "clusters", 0) / "near.npy")["row"]
-    a, b = np.searchsorted(near, [lo, hi])
-    gone = np.concatenate([exact.duplicates_in(work, plan, lo, hi)["row"], near[a:b]]) - lo
-    return np.setdiff1d(np.arange(hi - lo), gone)
+def kept_rows(lo: int, hi: int, dups: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """Local rows of the partition of global rows [lo, hi) that survive exact dedup (its
+    ``exact.duplicates_in``) and near dedup (``near.npy``), in keep order."""
+    a, b = np.searchsorted(near["row"], [lo, hi])
+    return np.setdiff1d(np.arange(hi - lo),
+                        np.concatenate([dups["row"], near["row"][a:b]]) - lo)

@@ -51,7 +51,11 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     domain_id = plan.domains.index(domain)
     keep = read_json(task_dir(work, "clusters", 0) / "keep.json")
     first_key = int(sum(keep["kept"][:index]))
-    rows = (clusters.kept_rows(work, plan, index, starts) + starts[index]).tolist()
+    lo, hi = int(starts[index]), int(starts[index + 1])
+    # Loaded once: the kept rows and the report both need them.
+    dups = exact.duplicates_in(work, plan, lo, hi)
+    near = np.load(task_dir(work, "clusters", 0) / "near.npy")
+    rows = (clusters.kept_rows(lo, hi, dups, near) + lo).tolist()
     tokenizer = load_tokenizer(task_dir(work, "vocab", 0) / TOKENIZER_FILE)
     ids = read_json(task_dir(work, "read", index) / "ids.json")
     sink = ShardSink(out, plan.shard_max_docs, plan.shard_max_bytes, first_key=first_key)
@@ -66,12 +70,12 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
                 sink.write(doc, domain_id, domain, ids[row - int(starts[index])])
     write_json(out / "shards.json", [asdict(s) for s in sink.close()])
     write_json(out / "written.json", {"documents": len(rows), "tokens": tokens})
-    _report(plan, work, index, starts, out)
+    _report(plan, work, starts, lo, hi, dups, near, out)
 
 
-def _report(plan: Plan, work: Path, index: int, starts: np.ndarray, out: Path) -> None:
+def _report(plan: Plan, work: Path, starts: np.ndarray, lo: int, hi: int, dups: np.ndarray,
+            near: np.ndarray, out: Path) -> None:
     """dedup_report rows of the documents this partition lost: exact, then near."""
-    lo, hi = int(starts[index]), int(starts[index + 1])
     source = _Ids(work, starts)
     domain_of = {str(p): part.domain for p, part in enumerate(plan.partitions)}
 
@@ -80,13 +84,12 @@ def _report(plan: Plan, work: Path, index: int, starts: np.ndarray, out: Path) -
         return source_id, domain_of[p]
 
     with open(out / "report_exact.jsonl", "w", encoding="utf-8") as f:
-        for row, first in exact.duplicates_in(work, plan, lo, hi).tolist():
+        for row, first in dups.tolist():
             (removed, removed_domain), (kept, kept_domain) = who(row), who(first)
             f.write(json.dumps({"stage": "exact", "removed": removed,
                                 "removed_domain": removed_domain, "kept": kept,
                                 "kept_domain": kept_domain, "jaccard": 1.0},
                                ensure_ascii=False) + "\n")
-    near = np.load(task_dir(work, "clusters", 0) / "near.npy")
     a, b = np.searchsorted(near["row"], [lo, hi])
     with open(out / "report_near.jsonl", "w", encoding="utf-8") as f:
         for row, kept_row, jaccard, partner, partner_j in near[a:b].tolist():
