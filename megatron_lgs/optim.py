@@ -28,6 +28,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron_lgs import fsdp_checkpoint
 from megatron_lgs.arguments import Config, ConfigError, warmup_iters
 from megatron_lgs.lgs import sync
+from megatron_lgs.lgs.finebuffer import fine_bucket_size
 from megatron_lgs.lgs.plan import PlanError
 from megatron_lgs.model import params_dtype
 from megatron_lgs.platform import get_platform
@@ -50,7 +51,7 @@ def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],
         use_distributed_optimizer=o.distributed_optimizer,
         num_distributed_optimizer_instances=o.num_distributed_optimizer_instances,
         reduce_scatter_with_fp32_accumulation=o.reduce_scatter_with_fp32_accumulation,
-        bucket_size=sync.fine_bucket_size(
+        bucket_size=fine_bucket_size(
             parallel_state.get_data_parallel_world_size(with_context_parallel=True),
             o.use_distributed_optimizer) if cfg.lgs.lgs else o.ddp_bucket_size,
         # Non-finite grads must reach the step: FP16 backs off its loss scale on them, and the

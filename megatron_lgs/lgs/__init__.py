@@ -22,6 +22,7 @@ from megatron_lgs.lgs.costmodel import (
     ring_allreduce_time,
     tree_allreduce_time,
 )
+from megatron_lgs.lgs.finebuffer import fine_bucket_size
 from megatron_lgs.lgs.gpus import GPUS, GpuProfile, get_gpu
 from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
 from megatron_lgs.lgs.plan import BucketPlan, PlanConfig, PlanError, Unit, make_plan
@@ -37,7 +38,7 @@ from megatron_lgs.lgs.recommend import (
 )
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
-from megatron_lgs.lgs.sync import LgsEngine, StepStats, fine_bucket_size, install
+from megatron_lgs.lgs.sync import LgsEngine, StepStats, install
 from megatron_lgs.lgs.timeline import StepPrediction, Thresholds, Workload, predict_step
 from megatron_lgs.lgs.tuner import ThresholdTuner, TunerConfig, describe
 from megatron_lgs.lgs.workload import Layout, ModelConfig

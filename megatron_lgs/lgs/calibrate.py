@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from megatron_lgs.lgs.costmodel import HardwareProfile, Link
 from megatron_lgs.lgs.hardware import save_profile
-from megatron_lgs.lgs.sync import Levels, build_levels, reduce_scatter
+from megatron_lgs.lgs.topology import Levels, build_levels, reduce_scatter
 from megatron_lgs.lgs.workload import layer_backward_flops, stage_backward
 
 KB = 1 << 10
@@ -258,7 +258,7 @@ def job_levels(cfg, per_node: int) -> Levels:
 def main(argv: list[str] | None = None) -> None:
     from megatron_lgs import initialize
     from megatron_lgs.arguments import fail, parse_args
-    from megatron_lgs.lgs.sync import gpus_per_node
+    from megatron_lgs.lgs.topology import gpus_per_node
     from megatron_lgs.platform import get_platform
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -11,6 +11,7 @@ round-off), so the compression error does not accumulate into the weights.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 QMAX = 127
 
@@ -42,3 +43,28 @@ def quantize_with_feedback(x: torch.Tensor, residual: torch.Tensor, block: int
     q, scales = quantize(target, block)
     residual.copy_(target - dequantize(q, scales, block))
     return q, scales
+
+
+def int8_message(piece: torch.Tensor, send_res: torch.Tensor, gather_res: torch.Tensor,
+                 block: int, group: dist.ProcessGroup, *, keep_shard: bool
+                 ) -> tuple[torch.Tensor, int]:
+    """One compressed inter-node message over `group`'s N ranks (qgZ): all-to-all of the INT8
+    rows of `piece` ([N, L]) with their scales, FP32 sum of what arrived. `keep_shard`
+    (distributed optimizer): the sum of this rank's row is the result ([L]); else the
+    quantized sums are all-gathered so every rank, the owner too, uses the same dequantized
+    values ([N, L]). Returns the result and the bytes this rank sent."""
+    n = group.size()
+    q, scales = quantize_with_feedback(piece.float(), send_res, block)
+    q_in, s_in = torch.empty_like(q), torch.empty_like(scales)
+    dist.all_to_all_single(q_in, q, group=group)
+    dist.all_to_all_single(s_in, scales, group=group)
+    mine = dequantize(q_in, s_in, block).sum(dim=0)
+    sent = (n - 1) * (q.shape[1] + 4 * scales.shape[1])
+    if keep_shard:
+        return mine, sent
+    q2, s2 = quantize_with_feedback(mine.unsqueeze(0), gather_res, block)
+    q_all = torch.empty(n, q2.shape[1], dtype=q2.dtype, device=q2.device)
+    s_all = torch.empty(n, s2.shape[1], dtype=s2.dtype, device=s2.device)
+    dist.all_gather_into_tensor(q_all.view(-1), q2.view(-1), group=group)
+    dist.all_gather_into_tensor(s_all.view(-1), s2.view(-1), group=group)
+    return dequantize(q_all, s_all, block), 2 * sent

@@ -11,8 +11,10 @@ parameter's grad-ready signal to the engine and replaces the DDP's finish/zero c
 A bucket of the plan is reduced as soon as all its gradients are ready on the last
 micro-batch, in three hops over a data-parallel group of N nodes x g ranks (ranks node-major;
 rank r = n g + l, and r's chunk of every gradient is what it owns). Hop 1 runs on an intra-node
-thread, hops 2-3 on an inter-node thread (each with its own CUDA stream), so one bucket crosses
-the slow link while the next is reduced inside the node:
+thread, hops 2-3 on an inter-node thread (each with its own CUDA stream). Hop 1 reduces a bucket
+in pieces of one inter-node message each and hands every piece over as soon as it is reduced,
+so a bucket's first message crosses the slow link while the rest of it (and the next bucket)
+is still reduced inside the node:
 
   1. intra-node reduce-scatter: local rank l gets the node's sum of chunks {n' g + l}   (g x)
   2. inter-node reduce-scatter (distributed optimizer: rank r keeps its own chunk, done) or
@@ -29,182 +31,23 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core.distributed.reduce_scatter_with_fp32_accumulation import (
-    reduce_scatter_with_fp32_accumulation,
-)
 
 from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
-from megatron_lgs.lgs.plan import (
-    MB,
-    BucketPlan,
-    PlanConfig,
-    Unit,
-    describe,
-    layer_of,
-    make_plan,
-)
+from megatron_lgs.lgs.finebuffer import BufferSync, FineBucket
+from megatron_lgs.lgs.plan import MB, PlanConfig, Unit, describe, layer_of
+from megatron_lgs.lgs.topology import Levels, build_levels, gpus_per_node, reduce_scatter
+from megatron_lgs.lgs.trace import SyncTrace
 
 MEGATRON_CORE_VERSION = "0.16.1"  # install() relies on this version's DDP internals
-_TRACE_THREADS = {"backward": 1, "intra-node": 2, "inter-node": 3}
-
-
-# -- topology -----------------------------------------------------------------------------------
-def gpus_per_node(flag: int | None) -> tuple[int, str]:
-    """Ranks per node and where that number came from."""
-    if flag:
-        return flag, "--lgs-gpus-per-node"
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "").split("(")[0]  # Slurm may write "4(x2)"
-        if value.isdigit() and int(value) > 0:
-            return int(value), name
-    return dist.get_world_size(), "default: one node"
-
-
-@dataclass(frozen=True)
-class Levels:
-    """A data-parallel group seen as N nodes x g ranks, with its two sub-groups."""
-
-    size: int
-    nodes: int
-    per_node: int
-    rank: int
-    intra: dist.ProcessGroup | None  # None when g == 1
-    inter: dist.ProcessGroup | None  # None when N == 1
-    # Plain DDP's closing intra-node all-gather runs on the inter-node thread, beside the next
-    # buckets' reduce-scatters: a group of its own keeps each group's collectives in one order.
-    intra_gather: dist.ProcessGroup | None = None
-
-    @property
-    def name(self) -> str:
-        if self.nodes > 1 and self.per_node > 1:
-            return "intra+inter"
-        return "inter" if self.nodes > 1 else "intra"
-
-
-def build_levels(groups: list[dist.ProcessGroup], per_node: int) -> list[Levels]:
-    """Levels for each of this rank's data-parallel `groups`. Collective over the world: every
-    rank creates every sub-group, in the same order."""
-    mine = [dist.get_process_group_ranks(g) for g in groups]
-    gathered: list[list[list[int]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
-    dist.all_gather_object(gathered, mine)
-    distinct = sorted({tuple(ranks) for per_rank in gathered for ranks in per_rank})
-
-    def split(ranks: tuple[int, ...]) -> tuple[list[list[int]], list[list[int]]]:
-        nodes: dict[int, list[int]] = {}
-        for r in ranks:
-            nodes.setdefault(r // per_node, []).append(r)
-        members = list(nodes.values())
-        g = len(members[0])
-        # Two levels only when every node holds the same number of consecutive members.
-        if any(len(m) != g for m in members) or [r for m in members for r in m] != list(ranks):
-            return [], []
-        return members, [[m[i] for m in members] for i in range(g)]
-
-    made: dict[tuple[int, ...], list[dist.ProcessGroup | None]] = {}
-    for ranks in distinct:
-        intra, inter = split(ranks)
-        made[ranks] = []
-        for sub in (intra, inter, intra):
-            useful = [s for s in sub if len(s) > 1]
-            made[ranks].append(dist.new_subgroups_by_enumeration(useful)[0] if useful else None)
-
-    levels = []
-    for group, ranks in zip(groups, mine, strict=True):
-        intra_lists, _ = split(tuple(ranks))
-        nodes = len(intra_lists) or len(ranks)
-        per = len(ranks) // nodes
-        intra, inter, gather = made[tuple(ranks)]
-        levels.append(Levels(len(ranks), nodes, per, dist.get_rank(group),
-                             intra if per > 1 else None, inter if nodes > 1 else None,
-                             gather if per > 1 else None))
-    return levels
-
-
-def fine_bucket_size(dp_size: int, distributed_optimizer: bool) -> int:
-    """megatron-core's bucket_size (parameters) for the fine layout LGS groups.
-
-    Plain DDP: one bucket per parameter. Distributed optimizer: each bucket is padded to a
-    multiple of lcm(D, 128) and split into D shards; buckets of at least D x lcm(D, 128)
-    elements leave real elements on every rank (the padding is under one lcm and the last
-    shard starts (D-1)/D in), as megatron's per-bucket optimizer bookkeeping expects."""
-    return dp_size * math.lcm(dp_size, 128) if distributed_optimizer else 1
-
-
-def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None, *,
-                   all_to_all: bool) -> None:
-    """Sum-reduce-scatter `inp` into `out`: the backend's own collective, or megatron-core's
-    all-to-all + local FP32 sum (`--reduce-scatter-with-fp32-accumulation`)."""
-    if all_to_all:
-        reduce_scatter_with_fp32_accumulation(out, inp, dist.ReduceOp.SUM, group, False)
-    else:
-        dist.reduce_scatter_single(out, inp, group=group)
-
-
-# -- one megatron buffer ------------------------------------------------------------------------
-@dataclass
-class _Fine:
-    """One megatron-core buffer bucket in chunk coordinates."""
-
-    bucket: object  # megatron's _ParamAndGradBucket
-    name: str
-    chunk: int  # s: elements per data-parallel chunk
-    numel: int
-
-    def rows(self, d: int) -> torch.Tensor:
-        """The gradient as [D, chunk]; a padded copy when it does not divide evenly."""
-        flat = self.bucket.grad_data
-        if self.numel == d * self.chunk:
-            return flat.view(d, self.chunk)
-        return torch.nn.functional.pad(flat, (0, d * self.chunk - self.numel)).view(d, self.chunk)
-
-    def write(self, d: int, lo: int, hi: int, values: torch.Tensor,
-              row: int | None = None) -> None:
-        """Columns [lo, hi) of every row, or of `row` only, from `values` ([rows, hi - lo]).
-        Only those columns are written: another bucket may be reducing the unit's others."""
-        rows = range(d) if row is None else [row]
-        if self.numel == d * self.chunk:
-            self.bucket.grad_data.view(d, self.chunk)[rows[0]:rows[-1] + 1, lo:hi] = values
-            return
-        flat = self.bucket.grad_data
-        for i, r in enumerate(rows):
-            start, end = r * self.chunk + lo, min(r * self.chunk + hi, self.numel)
-            if start < end:
-                flat[start:end] = values[i, :end - start]
-
-
-@dataclass
-class _BufferSync:
-    key: str  # "dense.fp32" ...
-    levels: Levels
-    fine: list[_Fine]
-    units: list[Unit]
-    param_units: dict[torch.nn.Parameter, int]
-    plan: BucketPlan | None = None
-    unit_buckets: list[list[int]] = field(default_factory=list)  # unit -> plan buckets
-    bucket_params: list[int] = field(default_factory=list)  # plan bucket -> its parameters
-    send_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [N, chunk]
-    gather_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [chunk]
-
-    def replan(self, config: PlanConfig, backward_seconds: dict[str, float] | None) -> None:
-        self.plan = make_plan(self.units, config, backward_seconds)
-        self.unit_buckets = [[] for _ in self.units]
-        self.bucket_params = []
-        for b, bucket in enumerate(self.plan.buckets):
-            units = {seg.unit for seg in bucket.segments}
-            for u in units:
-                self.unit_buckets[u].append(b)
-            self.bucket_params.append(sum(len(self.fine[u].bucket.params_list) for u in units))
 
 
 @dataclass
@@ -226,9 +69,7 @@ class StepStats:
 class _Worker:
     """A FIFO communication thread, one per hop and process, shared by every engine: each
     group's collectives then run in the same order on every rank, whatever the number of model
-    chunks. A job may return a follow-up (worker, job) that inherits its `done`: a bucket's
-    intra-node hop hands it to the inter-node thread, so bucket k crosses the slow link while
-    bucket k+1 is reduced inside the node."""
+    chunks. A fired bucket puts one job on each thread, in firing order."""
 
     def __init__(self, hop: str) -> None:
         self.jobs: queue.Queue = queue.Queue()
@@ -239,17 +80,12 @@ class _Worker:
     def _run(self) -> None:
         while True:
             job, done = self.jobs.get()
-            follow = None
             try:
                 if _error() is None:
-                    follow = job()
+                    job()
             except BaseException as exc:  # surfaced on the training thread in finish()
                 self.error = exc
-            if follow is None:
-                done()
-            else:
-                worker, next_job = follow
-                worker.jobs.put((next_job, done))
+            done()
 
 
 _WORKERS: dict[str, _Worker] = {}
@@ -293,7 +129,7 @@ class LgsEngine:
                                       ("expert", ddp.expert_parallel_buffers))
                    for b in bufs]
         levels = build_levels([b.data_parallel_group for _, b in buffers], self.per_node)
-        self.buffers: list[_BufferSync] = []
+        self.buffers: list[BufferSync] = []
         for (kind, buf), lv in zip(buffers, levels, strict=True):
             d = lv.size
             fine, units, param_units = [], [], {}
@@ -302,11 +138,11 @@ class LgsEngine:
                 numel = bucket.grad_data.numel()
                 name = names[bucket.params_list[0]]
                 largest = max(bucket.params_list, key=lambda p: p.numel())
-                fine.append(_Fine(bucket, name, -(-numel // d), numel))
+                fine.append(FineBucket(bucket, name, -(-numel // d), numel))
                 units.append(Unit(name, layer_of(names[largest]), fine[-1].chunk, d * elsize))
                 for p in bucket.params_list:
                     param_units[p] = len(units) - 1
-            self.buffers.append(_BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
+            self.buffers.append(BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
                                             fine, units, param_units))
         self.param_buffer = {p: i for i, bs in enumerate(self.buffers) for p in bs.param_units}
 
@@ -323,8 +159,7 @@ class LgsEngine:
         self._cond = threading.Condition()
         self.stats = StepStats()
         self.steps = 0
-        self._trace: list[dict] = []
-        self._t0 = time.perf_counter()
+        self.trace = SyncTrace(config.lgs_trace_dir, config.lgs_trace_steps)
         self._replan()
 
     # -- planning ------------------------------------------------------------------------------
@@ -392,7 +227,7 @@ class LgsEngine:
     def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
         started = time.perf_counter()
         self.start_grad_sync()
-        with self._span("wait for gradient sync", "backward"), self._cond:
+        with self.trace.span("wait for gradient sync", "backward"), self._cond:
             while self._outstanding:
                 self._cond.wait()
         for stream in self.streams.values():
@@ -409,8 +244,9 @@ class LgsEngine:
     def reset(self) -> None:
         """Start of a step (megatron's zero_grad_buffer)."""
         if self.stats.buckets_fired:
-            self._write_trace()
+            self.trace.write(dist.get_rank())
             self.steps += 1
+            self.trace.step = self.steps
         self._counts, self._fired, self._missing = {}, set(), {}
         self.stats = StepStats()
         if self._pending_replan:
@@ -446,7 +282,7 @@ class LgsEngine:
         self.stats.buckets_fired += 1
         name = f"{bs.key}/{k}"
         self.stats.fires[name] = self.stats.fires.get(name, 0) + 1
-        self._event("ready " + name, "i", "backward")
+        self.trace.event("ready " + name, "i", "backward")
         ready = None
         if self.cuda:
             ready = torch.cuda.Event()
@@ -458,14 +294,17 @@ class LgsEngine:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready), done))
+        pieces: queue.Queue = queue.Queue()  # hop 1's reduced pieces, in order, then None
+        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready, pieces), _nothing))
+        _worker("inter-node").jobs.put((lambda: self._inter_hop(bs, k, pieces), done))
 
     # -- the reduction (communication threads) --------------------------------------------------
     def _on_stream(self, hop: str, wait_for):
         """The hop's CUDA stream, after `wait_for` (an event); nothing on CPU."""
         if not self.cuda:
             return contextlib.nullcontext()
-        self.streams[hop].wait_event(wait_for)
+        if wait_for is not None:
+            self.streams[hop].wait_event(wait_for)
         return torch.cuda.stream(self.streams[hop])
 
     @contextlib.contextmanager
@@ -485,56 +324,101 @@ class LgsEngine:
                 if not self._active_hops:
                     self.stats.comm_seconds += time.perf_counter() - self._busy_since
 
-    def _intra_hop(self, bs: _BufferSync, k: int, ready):
-        """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
-        the node's sum of rows {n' g + l}. Hands the rest to the inter-node thread."""
-        lv, segments = bs.levels, bs.plan.buckets[k].segments
-        d, n, g = lv.size, lv.nodes, lv.per_node
-        handoff = None
-        with self._hop("intra-node", ready):
-            staging = torch.cat([bs.fine[s.unit].rows(d)[:, s.lo:s.hi] for s in segments], dim=1)
-            scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
-            if scale != 1.0:
-                staging.mul_(scale)
-            part = staging
-            if g > 1:
-                with self._span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
-                    part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
-                                       device=staging.device)
-                    # gloo wants flat tensors: the output's first dim x g must be the input's.
-                    reduce_scatter(
-                        part.view(-1),
-                        staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
-                        lv.intra, all_to_all=self.all_to_all_reduce_scatter)
-                self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
-            if self.cuda:
-                handoff = torch.cuda.Event()
-                handoff.record()
-        return _worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
+    def _pieces(self, bs: BufferSync, k: int) -> list[tuple[int, int]]:
+        """Column ranges of bucket k that hop 1 hands over one by one: the inter-node messages
+        (the whole bucket on one node)."""
+        width = sum(s.hi - s.lo for s in bs.plan.buckets[k].segments)
+        return self._inter_pieces(bs, width) if bs.levels.nodes > 1 else [(0, width)]
 
-    def _inter_hop(self, bs: _BufferSync, k: int, part: torch.Tensor, handoff) -> None:
-        """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
+    def _intra_hop(self, bs: BufferSync, k: int, ready, pieces: queue.Queue) -> None:
+        """1. Stage the bucket (scaled) and reduce-scatter it inside the node, piece by piece:
+        local rank l gets the node's sum of rows {n' g + l} of each piece's columns, which goes
+        to the inter-node thread at once."""
+        lv, segments = bs.levels, bs.plan.buckets[k].segments
+        n, g = lv.nodes, lv.per_node
+        try:
+            with self._hop("intra-node", ready):
+                staging = torch.cat([bs.fine[s.unit].rows(lv.size)[:, s.lo:s.hi]
+                                     for s in segments], dim=1)
+                scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
+                if scale != 1.0:
+                    staging.mul_(scale)
+                for lo, hi in self._pieces(bs, k):
+                    part = staging[:, lo:hi]
+                    if g > 1:
+                        with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
+                            out = torch.empty(n, hi - lo, dtype=part.dtype, device=part.device)
+                            # gloo wants flat tensors: the output's first dim x g must be the
+                            # input's.
+                            reduce_scatter(out.view(-1),
+                                           part.reshape(n, g, hi - lo).transpose(0, 1).reshape(-1),
+                                           lv.intra, all_to_all=self.all_to_all_reduce_scatter)
+                        self.stats.bytes_intra += (g - 1) * out.numel() * out.element_size()
+                        part = out
+                    handoff = None
+                    if self.cuda:
+                        handoff = torch.cuda.Event()
+                        handoff.record()
+                    pieces.put((part, handoff))
+        finally:
+            pieces.put(None)  # also after a failure, so hop 2 stops waiting
+
+    def _next_piece(self, pieces: queue.Queue):
+        """Hop 1's next piece; None at the bucket's end or once any hop has failed (hop 1 of
+        this bucket may then never run)."""
+        while True:
+            try:
+                return pieces.get(timeout=0.05)
+            except queue.Empty:
+                if _error() is not None:
+                    return None
+
+    def _inter_hop(self, bs: BufferSync, k: int, pieces: queue.Queue) -> None:
+        """2. The inter-node hop, one message per piece as hop 1 hands it over; 3. (plain DDP)
         the intra-node all-gather; then the reduced columns go back into megatron's buffer."""
         lv, segments = bs.levels, bs.plan.buckets[k].segments
-        d, n, g = lv.size, lv.nodes, lv.per_node
-        with self._hop("inter-node", handoff):
-            result = self._inter(bs, segments, part) if n > 1 else part
+        n, g = lv.nodes, lv.per_node
+        ranges = self._pieces(bs, k)
+        with self._hop("inter-node", None):
+            compressed = self.config.lgs_compress == "int8" and n > 1
+            if compressed:
+                send_res = self._residual_rows(bs, segments, bs.send_residual, n)
+                gather_res = self._residual_rows(bs, segments, bs.gather_residual, 1)
+            outputs = []
+            for lo, hi in ranges:
+                item = self._next_piece(pieces)
+                if item is None:
+                    return  # hop 1 failed: its error is raised on the training thread
+                part, handoff = item
+                if self.cuda and handoff is not None:
+                    self.streams["inter-node"].wait_event(handoff)
+                if n == 1:
+                    outputs.append(part)
+                elif compressed:
+                    outputs.append(self._inter(bs, part.contiguous(), send_res[:, lo:hi],
+                                               gather_res[:, lo:hi]))
+                else:
+                    outputs.append(self._inter(bs, part.contiguous()))
+            if compressed:
+                self._store_residual_rows(bs, segments, bs.send_residual, send_res)
+                self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
+            result = torch.cat(outputs, dim=-1)
             if self.distributed_optimizer:  # only this rank's chunk (megatron does the same)
                 mine = (result if result.dim() == 1 else result[0]).unsqueeze(0)
                 self._write_back(bs, segments, mine, lv.rank)
             else:
                 full = result
                 if g > 1:
-                    with self._span(f"intra all-gather {bs.key}/{k}", "inter-node"):
+                    with self.trace.span(f"intra all-gather {bs.key}/{k}", "inter-node"):
                         gathered = torch.empty(g, n, result.shape[-1], dtype=result.dtype,
                                                device=result.device)
                         dist.all_gather_into_tensor(gathered.view(-1), result.reshape(-1),
                                                     group=lv.intra_gather)
                     self.stats.bytes_intra += (g - 1) * result.numel() * result.element_size()
-                    full = gathered.transpose(0, 1).reshape(d, -1)
+                    full = gathered.transpose(0, 1).reshape(lv.size, -1)
                 self._write_back(bs, segments, full, None)
 
-    def _write_back(self, bs: _BufferSync, segments, values: torch.Tensor,
+    def _write_back(self, bs: BufferSync, segments, values: torch.Tensor,
                     row: int | None) -> None:
         off = 0
         for s in segments:
@@ -542,73 +426,47 @@ class LgsEngine:
             bs.fine[s.unit].write(bs.levels.size, s.lo, s.hi, values[:, off:off + w], row)
             off += w
 
-    def _inter_pieces(self, bs: _BufferSync, width: int) -> list[tuple[int, int]]:
-        """Column ranges of the inter-node message: each at most the inter threshold."""
+    def _inter_pieces(self, bs: BufferSync, width: int) -> list[tuple[int, int]]:
+        """Column ranges of the inter-node messages: as few as keep each at most the inter
+        threshold, of equal width (so hop 1's pieces, the same ranges, pipeline evenly)."""
         lv = bs.levels
         column_bytes = lv.nodes * bs.fine[0].bucket.grad_data.element_size()
         per = max(1, self.inter_bytes // column_bytes)
-        if self.config.lgs_compress == "int8":
-            block = self.config.lgs_compress_block
-            per = max(block, per // block * block)
-        return [(lo, min(lo + per, width)) for lo in range(0, width, per)]
+        block = self.config.lgs_compress_block if self.config.lgs_compress == "int8" else 1
+        per = max(block, per // block * block)
+        count = max(1, math.ceil(width / per))
+        size = math.ceil(math.ceil(width / count) / block) * block
+        return [(lo, min(lo + size, width)) for lo in range(0, width, size)]
 
-    def _inter(self, bs: _BufferSync, segments, part: torch.Tensor) -> torch.Tensor:
+    def _inter(self, bs: BufferSync, piece: torch.Tensor, send_res: torch.Tensor | None = None,
+               gather_res: torch.Tensor | None = None) -> torch.Tensor:
+        """One inter-node message: this rank's node sums of the piece's columns, reduced over
+        the nodes (reduce-scatter with the distributed optimizer, else all-reduce)."""
         lv = bs.levels
-        n = lv.nodes
-        name = f"{bs.key}"
-        compressed = self.config.lgs_compress == "int8"
-        if compressed:
-            send_res = self._residual_rows(bs, segments, bs.send_residual, n)
-            gather_res = self._residual_rows(bs, segments, bs.gather_residual, 1)
-        outputs = []
-        for lo, hi in self._inter_pieces(bs, part.shape[1]):
-            piece = part[:, lo:hi].contiguous()
-            self.stats.inter_messages += 1
-            with self._span(f"inter {'int8 ' if compressed else ''}"
-                            f"{'reduce-scatter' if self.distributed_optimizer else 'all-reduce'}"
-                            f" {name}", "inter-node"):
-                if compressed:
-                    out = self._inter_int8(bs, piece, send_res[:, lo:hi], gather_res[:, lo:hi])
-                elif self.distributed_optimizer:
-                    out = torch.empty(hi - lo, dtype=piece.dtype, device=piece.device)
-                    reduce_scatter(out, piece.view(-1), lv.inter,
-                                   all_to_all=self.all_to_all_reduce_scatter)
-                    self.stats.bytes_inter += (n - 1) * out.numel() * out.element_size()
-                else:
-                    dist.all_reduce(piece, group=lv.inter)
-                    out = piece
-                    self.stats.bytes_inter += 2 * (n - 1) * (hi - lo) * piece.element_size()
-            outputs.append(out)
-        if compressed:
-            self._store_residual_rows(bs, segments, bs.send_residual, send_res)
-            self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
-        return torch.cat(outputs, dim=-1)
-
-    def _inter_int8(self, bs: _BufferSync, piece: torch.Tensor, send_res: torch.Tensor,
-                    gather_res: torch.Tensor) -> torch.Tensor:
-        """qgZ: all-to-all of INT8 chunks, fp32 sum locally; plain DDP then all-gathers the
-        quantized sums (every rank, the owner too, uses the same dequantized values)."""
-        lv, block = bs.levels, self.config.lgs_compress_block
-        n = lv.nodes
-        q, scales = compress.quantize_with_feedback(piece.float(), send_res, block)
-        q_in, s_in = torch.empty_like(q), torch.empty_like(scales)
-        dist.all_to_all_single(q_in, q, group=lv.inter)
-        dist.all_to_all_single(s_in, scales, group=lv.inter)
-        mine = compress.dequantize(q_in, s_in, block).sum(dim=0)
-        sent = (n - 1) * (q.shape[1] + 4 * scales.shape[1])
-        if self.distributed_optimizer:
-            self.stats.bytes_inter += sent
-            return mine.to(piece.dtype)
-        q2, s2 = compress.quantize_with_feedback(mine.unsqueeze(0), gather_res, block)
-        q_all = torch.empty(n, q2.shape[1], dtype=q2.dtype, device=q2.device)
-        s_all = torch.empty(n, s2.shape[1], dtype=s2.dtype, device=s2.device)
-        dist.all_gather_into_tensor(q_all.view(-1), q2.view(-1), group=lv.inter)
-        dist.all_gather_into_tensor(s_all.view(-1), s2.view(-1), group=lv.inter)
-        self.stats.bytes_inter += 2 * sent
-        return compress.dequantize(q_all, s_all, block).to(piece.dtype)
+        n, w = lv.nodes, piece.shape[1]
+        compressed = send_res is not None
+        self.stats.inter_messages += 1
+        with self.trace.span(f"inter {'int8 ' if compressed else ''}"
+                        f"{'reduce-scatter' if self.distributed_optimizer else 'all-reduce'}"
+                        f" {bs.key}", "inter-node"):
+            if compressed:
+                out, sent = compress.int8_message(
+                    piece, send_res, gather_res, self.config.lgs_compress_block, lv.inter,
+                    keep_shard=self.distributed_optimizer)
+                self.stats.bytes_inter += sent
+                return out.to(piece.dtype)
+            if self.distributed_optimizer:
+                out = torch.empty(w, dtype=piece.dtype, device=piece.device)
+                reduce_scatter(out, piece.view(-1), lv.inter,
+                               all_to_all=self.all_to_all_reduce_scatter)
+                self.stats.bytes_inter += (n - 1) * out.numel() * out.element_size()
+                return out
+            dist.all_reduce(piece, group=lv.inter)
+            self.stats.bytes_inter += 2 * (n - 1) * w * piece.element_size()
+            return piece
 
     # Residuals live per fine unit in chunk coordinates, so regrouping never disturbs them.
-    def _residual_rows(self, bs: _BufferSync, segments, store: dict, rows: int) -> torch.Tensor:
+    def _residual_rows(self, bs: BufferSync, segments, store: dict, rows: int) -> torch.Tensor:
         parts = []
         for s in segments:
             if s.unit not in store:
@@ -617,7 +475,7 @@ class LgsEngine:
             parts.append(store[s.unit][:, s.lo:s.hi])
         return torch.cat(parts, dim=1)
 
-    def _store_residual_rows(self, bs: _BufferSync, segments, store: dict,
+    def _store_residual_rows(self, bs: BufferSync, segments, store: dict,
                              values: torch.Tensor) -> None:
         off = 0
         for s in segments:
@@ -651,46 +509,6 @@ class LgsEngine:
             bs.send_residual = {int(u): t.clone() for u, t in send.items()}
             bs.gather_residual = {int(u): t.clone() for u, t in gather.items()}
 
-    # -- monitoring ----------------------------------------------------------------------------
-    def _now_us(self) -> float:
-        return (time.perf_counter() - self._t0) * 1e6
-
-    def _tracing(self) -> bool:
-        return bool(self.config.lgs_trace_dir) and self.steps < self.config.lgs_trace_steps
-
-    def _event(self, name: str, phase: str, thread: str) -> None:
-        if self._tracing():
-            self._trace.append({"name": name, "ph": phase, "ts": self._now_us(), "pid": 0,
-                                "tid": _TRACE_THREADS[thread], "s": "t",
-                                "args": {"step": self.steps}})
-
-    def _span(self, name: str, thread: str):
-        engine = self
-
-        class _Span:
-            def __enter__(self) -> None:
-                self.start = engine._now_us()
-
-            def __exit__(self, *exc) -> None:
-                if engine._tracing():
-                    engine._trace.append({
-                        "name": name, "ph": "X", "ts": self.start,
-                        "dur": engine._now_us() - self.start, "pid": 0,
-                        "tid": _TRACE_THREADS[thread],
-                        "args": {"step": engine.steps}})
-        return _Span()
-
-    def _write_trace(self) -> None:
-        if not self._trace or not self.config.lgs_trace_dir:
-            return
-        directory = Path(self.config.lgs_trace_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"lgs_trace_rank{dist.get_rank():05d}.json"
-        names = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": n}}
-                 for n, tid in _TRACE_THREADS.items()]
-        path.write_text(json.dumps({"traceEvents": names + self._trace,
-                                    "displayTimeUnit": "ms"}))
-
 
 # -- installation into megatron-core's DDP (the one place that patches it) -------------------
 class _Router:
@@ -721,6 +539,10 @@ def install(ddps: list, engine: LgsEngine) -> None:
         ddp.start_grad_sync = engine.start_grad_sync
         ddp.finish_grad_sync = engine.finish_grad_sync
         ddp.lgs = engine
+
+
+def _nothing() -> None:
+    pass
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
