@@ -61,8 +61,8 @@ def run(plan: Plan, work: Path, index: int, out: Path) -> None:
     sink = ShardSink(out, plan.shard_max_docs, plan.shard_max_bytes, first_key=first_key)
     tokens = 0
     with Texts(work, starts, max_open=1) as texts:  # this partition's own texts
-        for lo in range(0, len(rows), _TOKENIZE_BATCH):
-            batch = rows[lo:lo + _TOKENIZE_BATCH]
+        for first in range(0, len(rows), _TOKENIZE_BATCH):
+            batch = rows[first:first + _TOKENIZE_BATCH]
             for row, encoding in zip(batch, tokenizer.encode_batch(texts.get(batch)),
                                      strict=True):
                 doc = np.asarray(encoding.ids, dtype=np.int64)

@@ -143,7 +143,7 @@ class LgsEngine:
                 for p in bucket.params_list:
                     param_units[p] = len(units) - 1
             self.buffers.append(BufferSync(f"{kind}.{str(buf.grad_dtype).split('.')[-1]}", lv,
-                                            fine, units, param_units))
+                                           fine, units, param_units))
         self.param_buffer = {p: i for i, bs in enumerate(self.buffers) for p in bs.param_units}
 
         self._golden: dict[torch.nn.Parameter, int] | None = None

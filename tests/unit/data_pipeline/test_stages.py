@@ -47,6 +47,36 @@ def test_plan_has_several_tasks_per_stage(reference):
     assert counts["web"]["exact_duplicates"] == 1 and counts["web"]["near_duplicates"] == 2
 
 
+def test_dedup_report_has_one_row_per_removed_document(tmp_path):
+    """Partitions of several tokenizer batches each, copies in other partitions than their
+    originals: the report has one row per removed document (as many as the manifest counts,
+    none twice), each the copy of a planted pair."""
+    import json
+
+    from data_pipeline.planted import planted_corpus
+    from data_pipeline.prepare import DEDUP_REPORT, PrepareConfig, prepare
+    from data_pipeline.sources import DomainSource
+
+    planted = planted_corpus(n_pairs=400, words=40, n_unrelated=400, seed=3)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(0, len(planted.texts), 300):  # one ~90 kB file, one partition, per 300
+        (src / f"part{i // 300}.jsonl").write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in planted.texts[i:i + 300]))
+    prepare(PrepareConfig(sources=(DomainSource("web", str(src)),), output=tmp_path / "ds",
+                          vocab_size=VOCAB_SIZE, partition_bytes=100_000, progress=False),
+            LocalExecutor(0))
+    counts = load_manifest(tmp_path / "ds")["counts"]["web"]
+    rows = [json.loads(line) for line in
+            (tmp_path / "ds" / DEDUP_REPORT).read_text(encoding="utf-8").splitlines()]
+    removed = [r["removed"] for r in rows]
+    assert len(removed) == counts["near_duplicates"] > 20
+    assert len(set(removed)) == len(removed)
+    assert counts["kept"] + len(removed) == counts["records_in"]
+    copies = {f"part{c // 300}.jsonl:{c % 300}" for c in planted.pairs[:, 1].tolist()}
+    assert set(removed) <= copies, sorted(set(removed) - copies)[:3]
+
+
 @pytest.mark.slow
 def test_identical_for_1_2_4_workers_and_resumes_after_sigkill(corpus, reference, tmp_path):
     expected = digests(reference.output)
