@@ -22,6 +22,7 @@ Rules, in this order, for each unit:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -182,3 +183,15 @@ def describe(plan: BucketPlan, level: str, inter_messages: Sequence[int] | None 
         msgs = f" ({inter_messages[b]} inter msgs)" if inter_messages else ""
         lines.append(f"   {b:>6}  {span:<28} {bucket.nbytes / MB:>9.4f}  {level}{msgs}")
     return "\n".join(lines)
+
+
+def message_columns(width: int, column_bytes: int, cap_bytes: int, block: int = 1
+                    ) -> list[tuple[int, int]]:
+    """Column ranges [lo, hi) of a bucket's inter-node messages: as few as keep each within
+    `cap_bytes` (`column_bytes` per column; at least `block` columns), all of one width but
+    the last, a multiple of `block` (INT8's scale blocks), so the intra-node hop's pieces,
+    the same ranges, pipeline evenly."""
+    per = max(block, max(1, cap_bytes // column_bytes) // block * block)
+    count = max(1, math.ceil(width / per))
+    size = math.ceil(math.ceil(width / count) / block) * block
+    return [(lo, min(lo + size, width)) for lo in range(0, width, size)]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import queue
 import threading
 import time
@@ -43,7 +42,7 @@ import torch.distributed as dist
 from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.finebuffer import BufferSync, FineBucket
-from megatron_lgs.lgs.plan import MB, PlanConfig, Unit, describe, layer_of
+from megatron_lgs.lgs.plan import MB, PlanConfig, Unit, describe, layer_of, message_columns
 from megatron_lgs.lgs.topology import Levels, build_levels, gpus_per_node, reduce_scatter
 from megatron_lgs.lgs.trace import SyncTrace
 
@@ -427,16 +426,9 @@ class LgsEngine:
             off += w
 
     def _inter_pieces(self, bs: BufferSync, width: int) -> list[tuple[int, int]]:
-        """Column ranges of the inter-node messages: as few as keep each at most the inter
-        threshold, of equal width (so hop 1's pieces, the same ranges, pipeline evenly)."""
-        lv = bs.levels
-        column_bytes = lv.nodes * bs.fine[0].bucket.grad_data.element_size()
-        per = max(1, self.inter_bytes // column_bytes)
         block = self.config.lgs_compress_block if self.config.lgs_compress == "int8" else 1
-        per = max(block, per // block * block)
-        count = max(1, math.ceil(width / per))
-        size = math.ceil(math.ceil(width / count) / block) * block
-        return [(lo, min(lo + size, width)) for lo in range(0, width, size)]
+        column_bytes = bs.levels.nodes * bs.fine[0].bucket.grad_data.element_size()
+        return message_columns(width, column_bytes, self.inter_bytes, block)
 
     def _inter(self, bs: BufferSync, piece: torch.Tensor, send_res: torch.Tensor | None = None,
                gather_res: torch.Tensor | None = None) -> torch.Tensor:

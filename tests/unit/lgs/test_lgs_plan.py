@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from megatron_lgs.lgs.plan import PlanConfig, PlanError, Unit, describe, layer_of, make_plan
+from megatron_lgs.lgs.plan import (
+    PlanConfig,
+    PlanError,
+    Unit,
+    describe,
+    layer_of,
+    make_plan,
+    message_columns,
+)
 
 
 def _random_units(rng: random.Random) -> list[Unit]:
@@ -122,3 +130,18 @@ def test_layer_names_and_table():
     units = [Unit("a", "layer 1", 10, 4), Unit("b", "layer 0", 10, 4)]
     table = describe(make_plan(units, PlanConfig(threshold_bytes=1)), "intra+inter")
     assert "2 buckets" in table and "layer 1" in table and "intra+inter" in table
+
+
+@pytest.mark.parametrize("width,column_bytes,cap,block", [
+    (1000, 8, 800, 1), (1000, 8, 8000, 1), (1001, 8, 800, 1), (7, 8, 1, 1),
+    (100_000, 8, 2**20, 1), (5000, 8, 4096, 256), (300, 8, 100, 256)])
+def test_message_columns_cover_the_bucket_in_the_fewest_even_messages(width, column_bytes,
+                                                                      cap, block):
+    pieces = message_columns(width, column_bytes, cap, block)
+    assert pieces[0][0] == 0 and pieces[-1][1] == width
+    assert all(a[1] == b[0] for a, b in zip(pieces[:-1], pieces[1:], strict=True))  # in order
+    per = max(block, max(1, cap // column_bytes) // block * block)  # columns one message holds
+    widths = [hi - lo for lo, hi in pieces]
+    assert max(widths) <= per and len(pieces) == -(-width // per)
+    assert len(set(widths[:-1])) <= 1 and widths[-1] <= widths[0]
+    assert all(w % block == 0 for w in widths[:-1])
