@@ -139,7 +139,7 @@ def predicted(row: dict) -> tuple[float, StepEstimate]:
     else:
         mb = row.get("bucket_mb")
         th = Thresholds(mb * MB, mb * MB) if mb else None
-        est = predict_run(run_from_dict(row["run"]), th)
+        est = predict_run(run_from_dict(row["run"]), th, flat_buckets=th is not None)
     r = est.run
     if row["metric"].endswith("(with recompute)"):
         value = flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12

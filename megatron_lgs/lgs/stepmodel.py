@@ -358,8 +358,11 @@ def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
     return costs, end, crit
 
 
-def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
-    """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets."""
+def predict_run(r: Run, thresholds: Thresholds | None = None, *,
+                flat_buckets: bool = False) -> StepEstimate:
+    """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets; else
+    LGS's engine at those thresholds, or (`flat_buckets`) a DDP that reduces buckets of the
+    intra threshold one after another on one channel (PyTorch DDP's `bucket_cap_mb`)."""
     gpu = get_gpu(r.gpu)
     hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     w = sync_workload(r, hw)
@@ -369,7 +372,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None) -> StepEstimate:
     m = r.num_micro_batches
     breakdown = {k: m * (costs[crit].fwd[k] + costs[crit].bwd[k]) for k in TERMS}
     breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
-    lgs = thresholds is not None  # LGS's two-channel engine; else megatron-core's DDP
+    lgs = thresholds is not None and not flat_buckets  # LGS's two-channel engine
     if thresholds is None:
         thresholds = default_thresholds(w) if r.overlap_grad_reduce else ONE_BUCKET
     megatron_ddp = thresholds == default_thresholds(w)
