@@ -189,8 +189,7 @@ def message_columns(width: int, column_bytes: int, cap_bytes: int, block: int = 
                     ) -> list[tuple[int, int]]:
     """Column ranges [lo, hi) of a bucket's inter-node messages: as few as keep each within
     `cap_bytes` (`column_bytes` per column; at least `block` columns), all of one width but
-    the last, a multiple of `block` (INT8's scale blocks), so the intra-node hop's pieces,
-    the same ranges, pipeline evenly."""
+    the last, a multiple of `block` (INT8's scale blocks): no short remainder message."""
     per = max(block, max(1, cap_bytes // column_bytes) // block * block)
     count = max(1, math.ceil(width / per))
     size = math.ceil(math.ceil(width / count) / block) * block

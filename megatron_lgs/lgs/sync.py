@@ -11,10 +11,8 @@ parameter's grad-ready signal to the engine and replaces the DDP's finish/zero c
 A bucket of the plan is reduced as soon as all its gradients are ready on the last
 micro-batch, in three hops over a data-parallel group of N nodes x g ranks (ranks node-major;
 rank r = n g + l, and r's chunk of every gradient is what it owns). Hop 1 runs on an intra-node
-thread, hops 2-3 on an inter-node thread (each with its own CUDA stream). Hop 1 reduces a bucket
-in pieces of one inter-node message each and hands every piece over as soon as it is reduced,
-so a bucket's first message crosses the slow link while the rest of it (and the next bucket)
-is still reduced inside the node:
+thread, hops 2-3 on an inter-node thread (each with its own CUDA stream), so one bucket crosses
+the slow link while the next is reduced inside the node:
 
   1. intra-node reduce-scatter: local rank l gets the node's sum of chunks {n' g + l}   (g x)
   2. inter-node reduce-scatter (distributed optimizer: rank r keeps its own chunk, done) or
@@ -293,9 +291,11 @@ class LgsEngine:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-        pieces: queue.Queue = queue.Queue()  # hop 1's reduced pieces, in order, then None
-        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready, pieces), _nothing))
-        _worker("inter-node").jobs.put((lambda: self._inter_hop(bs, k, pieces), done))
+        # Both hops queued now, in firing order (so every rank issues each group's collectives
+        # in the same order); hop 1 hands its result over through `handoff`.
+        handoff: queue.Queue = queue.Queue()
+        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready, handoff), _nothing))
+        _worker("inter-node").jobs.put((lambda: self._inter_hop(bs, k, handoff), done))
 
     # -- the reduction (communication threads) --------------------------------------------------
     def _on_stream(self, hop: str, wait_for):
@@ -323,18 +323,12 @@ class LgsEngine:
                 if not self._active_hops:
                     self.stats.comm_seconds += time.perf_counter() - self._busy_since
 
-    def _pieces(self, bs: BufferSync, k: int) -> list[tuple[int, int]]:
-        """Column ranges of bucket k that hop 1 hands over one by one: the inter-node messages
-        (the whole bucket on one node)."""
-        width = sum(s.hi - s.lo for s in bs.plan.buckets[k].segments)
-        return self._inter_pieces(bs, width) if bs.levels.nodes > 1 else [(0, width)]
-
-    def _intra_hop(self, bs: BufferSync, k: int, ready, pieces: queue.Queue) -> None:
-        """1. Stage the bucket (scaled) and reduce-scatter it inside the node, piece by piece:
-        local rank l gets the node's sum of rows {n' g + l} of each piece's columns, which goes
-        to the inter-node thread at once."""
+    def _intra_hop(self, bs: BufferSync, k: int, ready, handoff: queue.Queue) -> None:
+        """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
+        the node's sum of rows {n' g + l}, handed to the inter-node thread."""
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         n, g = lv.nodes, lv.per_node
+        sent = False
         try:
             with self._hop("intra-node", ready):
                 staging = torch.cat([bs.fine[s.unit].rows(lv.size)[:, s.lo:s.hi]
@@ -342,66 +336,65 @@ class LgsEngine:
                 scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
                 if scale != 1.0:
                     staging.mul_(scale)
-                for lo, hi in self._pieces(bs, k):
-                    part = staging[:, lo:hi]
-                    if g > 1:
-                        with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
-                            out = torch.empty(n, hi - lo, dtype=part.dtype, device=part.device)
-                            # gloo wants flat tensors: the output's first dim x g must be the
-                            # input's.
-                            reduce_scatter(out.view(-1),
-                                           part.reshape(n, g, hi - lo).transpose(0, 1).reshape(-1),
-                                           lv.intra, all_to_all=self.all_to_all_reduce_scatter)
-                        self.stats.bytes_intra += (g - 1) * out.numel() * out.element_size()
-                        part = out
-                    handoff = None
-                    if self.cuda:
-                        handoff = torch.cuda.Event()
-                        handoff.record()
-                    pieces.put((part, handoff))
+                part = staging
+                if g > 1:
+                    with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
+                        part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
+                                           device=staging.device)
+                        # gloo wants flat tensors: the output's first dim x g must be the input's.
+                        reduce_scatter(
+                            part.view(-1),
+                            staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
+                            lv.intra, all_to_all=self.all_to_all_reduce_scatter)
+                    self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
+                event = None
+                if self.cuda:
+                    event = torch.cuda.Event()
+                    event.record()
+                handoff.put((part, event))
+                sent = True
         finally:
-            pieces.put(None)  # also after a failure, so hop 2 stops waiting
+            if not sent:
+                handoff.put(None)  # hop 1 failed: hop 2 stops waiting
 
-    def _next_piece(self, pieces: queue.Queue):
-        """Hop 1's next piece; None at the bucket's end or once any hop has failed (hop 1 of
-        this bucket may then never run)."""
+    def _handed_over(self, handoff: queue.Queue):
+        """Hop 1's result; None if it failed or any hop has failed (then hop 1 of this bucket
+        may never run)."""
         while True:
             try:
-                return pieces.get(timeout=0.05)
+                return handoff.get(timeout=0.05)
             except queue.Empty:
                 if _error() is not None:
                     return None
 
-    def _inter_hop(self, bs: BufferSync, k: int, pieces: queue.Queue) -> None:
-        """2. The inter-node hop, one message per piece as hop 1 hands it over; 3. (plain DDP)
+    def _inter_hop(self, bs: BufferSync, k: int, handoff: queue.Queue) -> None:
+        """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
         the intra-node all-gather; then the reduced columns go back into megatron's buffer."""
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         n, g = lv.nodes, lv.per_node
-        ranges = self._pieces(bs, k)
         with self._hop("inter-node", None):
-            compressed = self.config.lgs_compress == "int8" and n > 1
-            if compressed:
-                send_res = self._residual_rows(bs, segments, bs.send_residual, n)
-                gather_res = self._residual_rows(bs, segments, bs.gather_residual, 1)
-            outputs = []
-            for lo, hi in ranges:
-                item = self._next_piece(pieces)
-                if item is None:
-                    return  # hop 1 failed: its error is raised on the training thread
-                part, handoff = item
-                if self.cuda and handoff is not None:
-                    self.streams["inter-node"].wait_event(handoff)
-                if n == 1:
-                    outputs.append(part)
-                elif compressed:
-                    outputs.append(self._inter(bs, part.contiguous(), send_res[:, lo:hi],
-                                               gather_res[:, lo:hi]))
-                else:
-                    outputs.append(self._inter(bs, part.contiguous()))
-            if compressed:
-                self._store_residual_rows(bs, segments, bs.send_residual, send_res)
-                self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
-            result = torch.cat(outputs, dim=-1)
+            item = self._handed_over(handoff)
+            if item is None:
+                return  # hop 1 failed: its error is raised on the training thread
+            part, event = item
+            if self.cuda and event is not None:
+                self.streams["inter-node"].wait_event(event)
+            result = part
+            if n > 1:
+                compressed = self.config.lgs_compress == "int8"
+                if compressed:
+                    send_res = self._residual_rows(bs, segments, bs.send_residual, n)
+                    gather_res = self._residual_rows(bs, segments, bs.gather_residual, 1)
+                outputs = []
+                for lo, hi in self._inter_pieces(bs, part.shape[1]):
+                    piece = part[:, lo:hi].contiguous()
+                    outputs.append(self._inter(bs, piece, send_res[:, lo:hi],
+                                               gather_res[:, lo:hi]) if compressed
+                                   else self._inter(bs, piece))
+                if compressed:
+                    self._store_residual_rows(bs, segments, bs.send_residual, send_res)
+                    self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
+                result = torch.cat(outputs, dim=-1)
             if self.distributed_optimizer:  # only this rank's chunk (megatron does the same)
                 mine = (result if result.dim() == 1 else result[0]).unsqueeze(0)
                 self._write_back(bs, segments, mine, lv.rank)

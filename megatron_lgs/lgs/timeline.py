@@ -12,9 +12,8 @@ How the step is modelled (all times are predictions):
   threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
 - Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
   capping inter-node message size. LGS (`pipelined_hops`, the default) has two FIFO channels
-  per GPU, as its engine has two threads: the intra-node reduce-scatter on one, in pieces of
-  one inter-node message, the rest on the other, each message as soon as its piece is reduced
-  (so bucket k's inter-node hop runs beside its own later pieces and bucket k+1's); the other
+  per GPU, as its engine has two threads: the intra-node reduce-scatter on one, the rest on the
+  other, so bucket k's inter-node hop runs beside bucket k+1's intra-node hop; the other
   systems' buckets (`baselines`, megatron in `stepmodel`) run on one channel. Communication
   overlaps compute without slowing it, unless the profile's `overlap` < 1 (compute and
   communication sharing cores): then the communication time spent beside the backward delays
@@ -28,11 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from megatron_lgs.lgs.costmodel import (
-    HardwareProfile,
-    hierarchical_allreduce,
-    reduce_scatter_time,
-)
+from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
 from megatron_lgs.lgs.workload import (
     BackwardOp,
     Layout,
@@ -167,16 +162,10 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
         cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
                                       all_gather=not lay.distributed_optimizer)
         if pipelined_hops:
-            # The intra-node reduce-scatter runs in pieces of one inter-node message each, and
-            # each piece crosses the link as soon as it is reduced (a two-machine flow shop).
-            # Piece i's message ends at max(its reduce-scatter's end, message i-1's end) + b:
-            # after k pieces, max(free + k b, start + min(a, b) + k max(a, b)).
-            k = max(1, cost.inter_messages)
-            a, b = reduce_scatter_time(nbytes / k, g, w.hw.intra), cost.inter_s / k
+            first = cost.intra_reduce_scatter_s
             start = max(ready, first_free)
-            first_free = start + k * a
-            free = max(free + k * b, start + min(a, b) + k * max(a, b))
-            free += cost.intra_s - cost.intra_reduce_scatter_s  # plain DDP's all-gather
+            first_free = start + first
+            free = max(first_free, free) + cost.total_s - first
         else:
             start = max(ready, free)
             free = start + cost.total_s

@@ -144,30 +144,22 @@ def test_100b_on_128_a100_against_the_seed_range() -> None:
 
 def test_pipelined_hops_follow_the_two_channel_recurrence_by_hand() -> None:
     """LGS's engine: bucket k's intra-node reduce-scatter starts once it is ready and the intra
-    channel is free, in pieces of one inter-node message; each message once its piece is
-    reduced and the other channel is free; the intra all-gather after the last. One channel:
-    everything of a bucket after the previous bucket's end."""
-    from megatron_lgs.lgs.costmodel import (
-        all_gather_time,
-        hierarchical_allreduce,
-        reduce_scatter_time,
-    )
+    channel is free; the rest of its reduction once that is done and the other channel is free.
+    One channel: everything of a bucket after the previous bucket's end."""
+    from megatron_lgs.lgs.costmodel import hierarchical_allreduce, reduce_scatter_time
 
     w = small()
-    th = Thresholds(8 * MB, 1 * MB)
+    th = Thresholds(8 * MB, 8 * MB)
     piped, serial = predict_step(w, th), predict_step(w, th, pipelined_hops=False)
     g, m = w.layout.group_shape("dense")
     first_free = free = serial_free = piped.stages[0].buckets[0].ready_s
     for p_b, s_b in zip(piped.stages[0].buckets, serial.stages[0].buckets, strict=True):
-        cost = hierarchical_allreduce(p_b.nbytes, g, m, w.hw, th.inter_bytes, all_gather=True)
-        k = cost.inter_messages
-        assert k > 1 and p_b.inter_messages == k
-        first_free = max(p_b.ready_s, first_free)
-        for _ in range(k):
-            first_free += reduce_scatter_time(p_b.nbytes / k, g, w.hw.intra)
-            free = max(first_free, free) + cost.inter_s / k
-        free += all_gather_time(p_b.nbytes, g, w.hw.intra)
-        serial_free = max(s_b.ready_s, serial_free) + cost.total_s
+        total = hierarchical_allreduce(p_b.nbytes, g, m, w.hw, th.inter_bytes,
+                                       all_gather=True).total_s
+        rs = reduce_scatter_time(p_b.nbytes, g, w.hw.intra)
+        first_free = max(p_b.ready_s, first_free) + rs
+        free = max(first_free, free) + total - rs
+        serial_free = max(s_b.ready_s, serial_free) + total
         assert p_b.end_s == pytest.approx(free) and s_b.end_s == pytest.approx(serial_free)
     assert len(piped.stages[0].buckets) > 1
     assert piped.stages[0].synced_s <= serial.stages[0].synced_s
