@@ -66,7 +66,9 @@ class StepStats:
 class _Worker:
     """A FIFO communication thread, one per hop and process, shared by every engine: each
     group's collectives then run in the same order on every rank, whatever the number of model
-    chunks. A fired bucket puts one job on each thread, in firing order."""
+    chunks. A job may return a follow-up (worker, job) that inherits its `done`: a bucket's
+    intra-node hop hands it to the inter-node thread, so bucket k crosses the slow link while
+    bucket k+1 is reduced inside the node."""
 
     def __init__(self, hop: str) -> None:
         self.jobs: queue.Queue = queue.Queue()
@@ -77,12 +79,17 @@ class _Worker:
     def _run(self) -> None:
         while True:
             job, done = self.jobs.get()
+            follow = None
             try:
                 if _error() is None:
-                    job()
+                    follow = job()
             except BaseException as exc:  # surfaced on the training thread in finish()
                 self.error = exc
-            done()
+            if follow is None:
+                done()
+            else:
+                worker, next_job = follow
+                worker.jobs.put((next_job, done))
 
 
 _WORKERS: dict[str, _Worker] = {}
@@ -291,19 +298,14 @@ class LgsEngine:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-        # Both hops queued now, in firing order (so every rank issues each group's collectives
-        # in the same order); hop 1 hands its result over through `handoff`.
-        handoff: queue.Queue = queue.Queue()
-        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready, handoff), _nothing))
-        _worker("inter-node").jobs.put((lambda: self._inter_hop(bs, k, handoff), done))
+        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready), done))
 
     # -- the reduction (communication threads) --------------------------------------------------
     def _on_stream(self, hop: str, wait_for):
         """The hop's CUDA stream, after `wait_for` (an event); nothing on CPU."""
         if not self.cuda:
             return contextlib.nullcontext()
-        if wait_for is not None:
-            self.streams[hop].wait_event(wait_for)
+        self.streams[hop].wait_event(wait_for)
         return torch.cuda.stream(self.streams[hop])
 
     @contextlib.contextmanager
@@ -323,62 +325,40 @@ class LgsEngine:
                 if not self._active_hops:
                     self.stats.comm_seconds += time.perf_counter() - self._busy_since
 
-    def _intra_hop(self, bs: BufferSync, k: int, ready, handoff: queue.Queue) -> None:
+    def _intra_hop(self, bs: BufferSync, k: int, ready):
         """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
-        the node's sum of rows {n' g + l}, handed to the inter-node thread."""
+        the node's sum of rows {n' g + l}. Hands the rest to the inter-node thread."""
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         n, g = lv.nodes, lv.per_node
-        sent = False
-        try:
-            with self._hop("intra-node", ready):
-                staging = torch.cat([bs.fine[s.unit].rows(lv.size)[:, s.lo:s.hi]
-                                     for s in segments], dim=1)
-                scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
-                if scale != 1.0:
-                    staging.mul_(scale)
-                part = staging
-                if g > 1:
-                    with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
-                        part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
-                                           device=staging.device)
-                        # gloo wants flat tensors: the output's first dim x g must be the input's.
-                        reduce_scatter(
-                            part.view(-1),
-                            staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
-                            lv.intra, all_to_all=self.all_to_all_reduce_scatter)
-                    self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
-                event = None
-                if self.cuda:
-                    event = torch.cuda.Event()
-                    event.record()
-                handoff.put((part, event))
-                sent = True
-        finally:
-            if not sent:
-                handoff.put(None)  # hop 1 failed: hop 2 stops waiting
+        handoff = None
+        with self._hop("intra-node", ready):
+            staging = torch.cat([bs.fine[s.unit].rows(lv.size)[:, s.lo:s.hi] for s in segments],
+                                dim=1)
+            scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
+            if scale != 1.0:
+                staging.mul_(scale)
+            part = staging
+            if g > 1:
+                with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
+                    part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
+                                       device=staging.device)
+                    # gloo wants flat tensors: the output's first dim x g must be the input's.
+                    reduce_scatter(
+                        part.view(-1),
+                        staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
+                        lv.intra, all_to_all=self.all_to_all_reduce_scatter)
+                self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
+            if self.cuda:
+                handoff = torch.cuda.Event()
+                handoff.record()
+        return _worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
 
-    def _handed_over(self, handoff: queue.Queue):
-        """Hop 1's result; None if it failed or any hop has failed (then hop 1 of this bucket
-        may never run)."""
-        while True:
-            try:
-                return handoff.get(timeout=0.05)
-            except queue.Empty:
-                if _error() is not None:
-                    return None
-
-    def _inter_hop(self, bs: BufferSync, k: int, handoff: queue.Queue) -> None:
+    def _inter_hop(self, bs: BufferSync, k: int, part: torch.Tensor, handoff) -> None:
         """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
         the intra-node all-gather; then the reduced columns go back into megatron's buffer."""
         lv, segments = bs.levels, bs.plan.buckets[k].segments
         n, g = lv.nodes, lv.per_node
-        with self._hop("inter-node", None):
-            item = self._handed_over(handoff)
-            if item is None:
-                return  # hop 1 failed: its error is raised on the training thread
-            part, event = item
-            if self.cuda and event is not None:
-                self.streams["inter-node"].wait_event(event)
+        with self._hop("inter-node", handoff):
             result = part
             if n > 1:
                 compressed = self.config.lgs_compress == "int8"
@@ -524,10 +504,6 @@ def install(ddps: list, engine: LgsEngine) -> None:
         ddp.start_grad_sync = engine.start_grad_sync
         ddp.finish_grad_sync = engine.finish_grad_sync
         ddp.lgs = engine
-
-
-def _nothing() -> None:
-    pass
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
