@@ -4,6 +4,7 @@ output is redone; Megatron's format read back by megatron-core; bad input under 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,10 @@ from corpus_helpers import VOCAB_SIZE, digests, prepare_corpus, write_bad_direct
 
 from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.manifest import load_manifest
-from data_pipeline.prepare import work_dir
+from data_pipeline.planted import planted_corpus
+from data_pipeline.prepare import DEDUP_REPORT, PrepareConfig, prepare, work_dir
 from data_pipeline.shard_reader import DocumentStore
+from data_pipeline.sources import DomainSource
 from data_pipeline.stages.common import Texts, task_dir
 from data_pipeline.stages.vocab import sample_prefix
 
@@ -51,12 +54,6 @@ def test_dedup_report_has_one_row_per_removed_document(tmp_path):
     """Partitions of several tokenizer batches each, copies in other partitions than their
     originals: the report has one row per removed document (as many as the manifest counts,
     none twice), each the copy of a planted pair."""
-    import json
-
-    from data_pipeline.planted import planted_corpus
-    from data_pipeline.prepare import DEDUP_REPORT, PrepareConfig, prepare
-    from data_pipeline.sources import DomainSource
-
     planted = planted_corpus(n_pairs=400, words=40, n_unrelated=400, seed=3)
     src = tmp_path / "src"
     src.mkdir()
