@@ -5,8 +5,8 @@ the time (stated per source below); where a source leaves a knob out (micro-batc
 virtual stages) the row says what was assumed. Hardware constants are the profiles of
 `megatron_lgs/lgs/gpus.py` (data sheets and microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
-recompute pass; the others count Megatron-LM's model FLOPs) or as tokens/s where the source
-gives it. Offline, pure Python:
+recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
+time where the source gives that (Korthikanti et al.). Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -82,6 +82,53 @@ MEGATRON_H100_RUNS = [
 ]
 
 
+KORTHIKANTI = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer "
+               "Models' (MLSys 2023, arXiv 2205.05198), Table 5 (iteration time) with the "
+               "layouts of its Table 3")
+KORTHIKANTI_LAYOUT = ("Table 3 of the paper; micro-batch sizes and virtual stages as Calculon "
+                      "(calculon-ai/calculon, validation/seqsel/tab5/*.json) reads them")
+# Megatron-LM at the merge of sequence parallelism (d898a8991d, 2022-05-25), as those runs
+# used it: FP16 (Calculon's inputs), data parallelism 1 (the paper: 'measured using a data
+# parallel size of one'), unfused attention (masked-softmax fusion), tied embeddings, blocking
+# pipeline sends (`batch_isend_irecv` then `torch.cuda.synchronize`), scatter-gather of those
+# sends on unless sequence parallel (`p2p_communication.py`), the TP all-reduce / all-gather
+# and reduce-scatter of the column-parallel backward asynchronous beside the GEMMs
+# (`LinearWithGradAccumulationAndAsyncCommunication`, `--async-tensor-model-parallel-
+# allreduce` on by default), FP16 gradients added into an FP16 buffer by the backward hooks
+# and cast to FP32 main grads by the optimizer (no fused accumulation without FP32
+# accumulation: `grad_buffer` false). 'full': full recompute, no sequence parallelism;
+# 'seqsel': sequence parallelism and selective recompute. 8 x 80 GB A100 per node (Selene).
+KORTHIKANTI_RUNS = [
+    # name, heads, hidden, layers, tp, pp, gpus, batch, micro-batch, virtual stages,
+    # iteration seconds (full, seqsel)
+    ("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, (1.42, 1.10)),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, (18.13, 13.75)),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, (49.05, 37.83)),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, (94.42, 71.49)),
+]
+
+
+def korthikanti_rows() -> list[dict]:
+    rows = []
+    for name, heads, hidden, layers, tp, pp, gpus, batch, mbs, vpp, times in KORTHIKANTI_RUNS:
+        for mode, seconds in zip(("full", "seqsel"), times, strict=True):
+            rows.append({
+                "source": KORTHIKANTI, "published": seconds, "metric": "iteration time s",
+                "layout_source": KORTHIKANTI_LAYOUT,
+                "run": {"id": f"korthikanti22-{name}-{mode}", "gpu": "a100-80gb",
+                        "num_gpus": gpus, "num_layers": layers, "hidden": hidden,
+                        "heads": heads, "vocab": 51200, "seq_length": 2048, "tp": tp,
+                        "pp": pp, "dp": 1, "vpp": vpp, "micro_batch": mbs,
+                        "global_batch": batch, "precision": "fp16",
+                        "recompute": "full" if mode == "full" else "selective",
+                        "sequence_parallel": mode == "seqsel", "flash_attention": False,
+                        "overlap_grad_reduce": False, "distributed_optimizer": False,
+                        "grad_buffer": False, "overlap_p2p_comm": False,
+                        "p2p_scatter_gather": True, "tp_async_backward": True,
+                        "untie_embeddings": False}})
+    return rows
+
+
 def narayanan_rows() -> list[dict]:
     rows = []
     for name, heads, hidden, layers, tp, pp, gpus, batch, tflops, mbs, vpp, torch_ddp in \
@@ -117,7 +164,7 @@ def megatron_h100_rows() -> list[dict]:
 
 
 def published_rows() -> list[dict]:
-    return narayanan_rows() + megatron_h100_rows()
+    return narayanan_rows() + korthikanti_rows() + megatron_h100_rows()
 
 
 def _fastest_vpp(run: dict) -> StepEstimate:
@@ -141,7 +188,9 @@ def predicted(row: dict) -> tuple[float, StepEstimate]:
         th = Thresholds(mb * MB, mb * MB) if mb else None
         est = predict_run(run_from_dict(row["run"]), th, flat_buckets=th is not None)
     r = est.run
-    if row["metric"].endswith("(with recompute)"):
+    if row["metric"] == "iteration time s":
+        value = est.step_time_s
+    elif row["metric"].endswith("(with recompute)"):
         value = flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
     else:
         value = est.tflops_per_gpu
@@ -159,20 +208,21 @@ def main(argv: list[str] | None = None) -> list[float]:
     a = ap.parse_args(argv)
     print("# PREDICTION of the whole-step model (megatron_lgs/lgs/stepmodel.py) against "
           "published throughput")
-    head = (f"{'run':<22} {'layout':<22} {'published':>9} {'predicted':>9} {'error':>7} "
+    head = (f"{'run':<26} {'layout':<18} {'published':>9} {'predicted':>9} {'error':>7} "
             f"{'step s':>7} {'mem GB':>7}  largest terms")
     errors, out, source = [], [], None
     for row in published_rows():
         if row["source"] != source:
             source = row["source"]
-            print(f"\n## {source}\n## metric: {row['metric']}\n{head}")
+            sign = " (negative error: predicted faster)" if row["metric"].endswith(" s") else ""
+            print(f"\n## {source}\n## metric: {row['metric']}{sign}\n{head}")
         value, est = predicted(row)
         r = est.run
         err = value / row["published"] - 1
         errors.append(abs(err))
         lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" V{r.vpp}" if r.vpp > 1 else "")
         fit = "" if est.fits_memory else "!"
-        print(f"{r.id:<22} {lay:<22} {row['published']:>9.1f} {value:>9.1f} {err:>+7.1%} "
+        print(f"{r.id:<26} {lay:<18} {row['published']:>9.4g} {value:>9.4g} {err:>+7.1%} "
               f"{est.step_time_s:>7.2f} {est.memory.peak_bytes / 1e9:>6.1f}{fit or ' '}  "
               f"{dominant_terms(est)}")
         out.append({**row, "predicted": value, "relative_error": err,
