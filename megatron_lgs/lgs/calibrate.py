@@ -5,7 +5,7 @@ sees it (`sync.build_levels`). It measures, with the collectives the engine runs
 
 - each level's latency and bus bandwidth: reduce-scatters of a few sizes inside every node at
   once, then across nodes at once (the ranks of a node share its link, as in a real step),
-  fitted to the ring formula t = (p-1) alpha + (p-1)/p n / B;
+  fitted to the ring formula t = (p-1) alpha + (p-1)/p n / B (`fit_link`);
 - the forward+backward time of a one-layer GPT of the run's own shape (megatron-core's model,
   the run's config), which gives the FLOP rate this rank reaches and so the backward time per
   layer;
@@ -71,22 +71,24 @@ def _timed(fn: Callable[[], None], repeats: int) -> float:
 
 
 def fit_link(samples: list[tuple[int, float]], p: int) -> Link:
-    """Least-squares alpha and bus bandwidth of t = (p-1) alpha + (p-1)/p n / B.
+    """Alpha and bus bandwidth of t = (p-1) alpha + (p-1)/p n / B, from the line through the
+    smallest and the largest message (Hockney's method: latency is what the smallest pays,
+    bandwidth what the largest sustains).
 
-    A negative intercept (noise on small messages) is clamped to zero latency, refitting the
-    slope through the origin."""
+    A least-squares line through all sizes is what the largest message decides, and a link
+    that is faster for mid-size messages than for large ones (a token bucket's burst, as the
+    emulated cluster's `tbf` has) pulls its intercept below zero, so the latency came out 0
+    and small messages looked free. A negative intercept here (noise on the smallest message)
+    is still clamped to zero latency, the slope then taken through the origin."""
     if p < 2 or len(samples) < 2:
         raise ValueError(f"need a group of >= 2 ranks and >= 2 sizes, got p={p}, "
                          f"{len(samples)} sizes")
-    xs = [(p - 1) / p * n for n, _ in samples]
-    ts = [t for _, t in samples]
-    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sxx
-    intercept = mt - slope * mx
+    (n0, t0), (n1, t1) = min(samples), max(samples)
+    x0, x1 = (p - 1) / p * n0, (p - 1) / p * n1
+    slope = (t1 - t0) / (x1 - x0) if x1 > x0 else 0.0
+    intercept = t0 - slope * x0
     if intercept < 0 or slope <= 0:
-        slope = sum(x * t for x, t in zip(xs, ts, strict=True)) / sum(x * x for x in xs)
-        intercept = 0.0
+        slope, intercept = t1 / x1, 0.0
     return Link(alpha_s=intercept / (p - 1), bandwidth_Bps=1.0 / slope)
 
 
@@ -271,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     platform = get_platform()
     cfg = parse_args(argv)  # a bad flag: one line, exit 2
     initialize.init_distributed(cfg, platform)
+    initialize.set_seeds(cfg.training.seed)  # the probe model's dropout needs the RNG tracker
     per_node, _ = gpus_per_node(cfg.lgs.lgs_gpus_per_node)
     hw, measurements = measure_profile(cfg, platform, job_levels(cfg, per_node))
     if dist.get_rank() == 0:

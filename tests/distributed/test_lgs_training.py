@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_pretrain
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 # 4 ranks as 2 nodes x 2 GPUs, two micro-batches per step, thresholds that make several buckets.
 FOUR = ["--micro-batch-size", "2", "--global-batch-size", "16", "--eval-iters", "0"]
@@ -41,6 +44,16 @@ def test_lgs_loss_curve_equals_plain_ddp_for_20_steps(tiny, tmp_path):
         assert any(n.startswith("ready dense") for n in names)
         for hop in ("intra reduce-scatter", "inter reduce-scatter", "wait for gradient sync"):
             assert any(n.startswith(hop) for n in names), hop
+    # ... and the bench's drawing of it: one step per rank, both hops busy, the wait after the
+    # last bucket was ready.
+    sys.path.insert(0, str(ROOT / "bench"))
+    from lgs_trace_plot import main as plot_trace
+
+    summaries = plot_trace([str(tmp_path / "trace"), "--out", str(tmp_path / "step.png")])
+    assert sorted(summaries) == [0, 1, 2, 3] and (tmp_path / "step.png").stat().st_size > 0
+    for s in summaries.values():
+        assert s["intra_busy_ms"] > 0 and s["inter_busy_ms"] > 0
+        assert s["wait_start_ms"] >= s["last_ready_ms"] >= 0 and s["wait_ms"] >= 0
 
 
 def test_int8_compression_trains_within_2_percent_of_uncompressed(tiny, tmp_path):

@@ -96,6 +96,15 @@ def test_fit_recovers_latency_and_bandwidth_of_the_ring_formula():
     fit = fit_link([(n, reduce_scatter_time(n, p, link)) for n in sizes], p)
     assert fit.alpha_s == pytest.approx(link.alpha_s, rel=1e-6)
     assert fit.bandwidth_Bps == pytest.approx(link.bandwidth_Bps, rel=1e-6)
+    # A mid-size message under a token bucket's burst (faster than the line): the latency
+    # still comes from the smallest message and the bandwidth from the largest. (A
+    # least-squares line through all three, as measured on the emulated cluster's tbf link,
+    # had a negative intercept: zero latency.)
+    burst = [(n, reduce_scatter_time(n, p, link) * (0.5 if n == sizes[1] else 1.0))
+             for n in sizes]
+    fit = fit_link(burst, p)
+    assert fit.alpha_s == pytest.approx(link.alpha_s, rel=1e-6)
+    assert fit.bandwidth_Bps == pytest.approx(link.bandwidth_Bps, rel=1e-6)
     # Noise that makes the intercept negative: zero latency, slope through the origin.
     noisy = fit_link([(1 << 20, 0.001), (8 << 20, 0.05)], 4)
     assert noisy.alpha_s == 0.0 and noisy.bandwidth_Bps > 0

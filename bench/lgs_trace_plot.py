@@ -1,0 +1,112 @@
+"""Draw one step of LGS's Chrome traces (`--lgs-trace-dir`) as a PNG: for every rank, when each
+bucket was ready on the training thread, what the intra- and inter-node threads ran, and how
+long the training thread waited for them; and print the same as text.
+
+    python bench/lgs_trace_plot.py TRACE_DIR --out timeline.png [--step N]
+
+Each rank's times start at its own first event of the step (the ranks' trace clocks have
+different origins; the collectives keep them within a few milliseconds of each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+LANES = {1: "backward", 2: "intra-node", 3: "inter-node"}
+COLORS = {"intra": "tab:blue", "inter": "tab:orange", "wait": "tab:red"}
+
+
+def load_step(path: Path, step: int | None) -> tuple[int, list[dict]]:
+    """(step, events of that step) of one rank's trace; the last traced step by default."""
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] != "M"]
+    if not events:
+        raise SystemExit(f"lgs_trace_plot: {path}: no events")
+    steps = sorted({e["args"]["step"] for e in events})
+    chosen = steps[-1] if step is None else step
+    if chosen not in steps:
+        raise SystemExit(f"lgs_trace_plot: {path}: step {chosen} not traced (have {steps})")
+    return chosen, [e for e in events if e["args"]["step"] == chosen]
+
+
+def summary(events: list[dict]) -> dict:
+    """Milliseconds from the step's first event: last bucket ready, the wait's start and
+    length, and the time each communication thread was busy."""
+    t0 = min(e["ts"] for e in events)
+    ready = [e["ts"] for e in events if e["ph"] == "i"]
+    wait = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    busy = {lane: sum(e["dur"] for e in events if e["ph"] == "X" and e["tid"] == tid)
+            for tid, lane in LANES.items() if tid != 1}
+    out = {"last_ready_ms": (max(ready) - t0) / 1e3 if ready else None,
+           "intra_busy_ms": busy["intra-node"] / 1e3, "inter_busy_ms": busy["inter-node"] / 1e3}
+    if wait:
+        out["wait_start_ms"] = (wait[-1]["ts"] - t0) / 1e3
+        out["wait_ms"] = wait[-1]["dur"] / 1e3
+    return out
+
+
+def _color(name: str) -> str:
+    return COLORS["wait"] if name.startswith("wait") else COLORS[
+        "inter" if name.startswith("inter") else "intra"]
+
+
+def plot(traces: dict[int, list[dict]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 1.1 + 0.9 * len(traces)))
+    ticks, labels = [], []
+    for i, (rank, events) in enumerate(sorted(traces.items())):
+        t0 = min(e["ts"] for e in events)
+        for tid, lane in LANES.items():
+            y = i * 4 + (3 - tid)
+            ticks.append(y)
+            labels.append(f"rank {rank} {lane}")
+            for e in events:
+                if e["tid"] != tid:
+                    continue
+                x = (e["ts"] - t0) / 1e3
+                if e["ph"] == "X":
+                    ax.broken_barh([(x, e["dur"] / 1e3)], (y - 0.4, 0.8),
+                                   color=_color(e["name"]), edgecolor="black", linewidth=0.3)
+                else:
+                    ax.vlines(x, y - 0.45, y + 0.45, color="black", linewidth=0.8)
+    ax.set_yticks(ticks, labels, fontsize=7)
+    ax.set_xlabel("ms from the rank's first event of the step (black ticks: bucket ready)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, ["intra-node hop", "inter-node hop", "training thread waits"],
+              loc="upper left", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict[int, dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace_dir", type=Path)
+    ap.add_argument("--out", type=Path, help="PNG to write (text only without it)")
+    ap.add_argument("--step", type=int, help="traced step to draw (default: the last)")
+    a = ap.parse_args(argv)
+    files = sorted(a.trace_dir.glob("lgs_trace_rank*.json"))
+    if not files:
+        raise SystemExit(f"lgs_trace_plot: no lgs_trace_rank*.json in {a.trace_dir}")
+    traces, summaries, step = {}, {}, None
+    for f in files:
+        rank = int(f.stem.removeprefix("lgs_trace_rank"))
+        step, traces[rank] = load_step(f, a.step)
+        summaries[rank] = summary(traces[rank])
+        s = summaries[rank]
+        print(f"rank {rank} step {step}: last bucket ready at {s['last_ready_ms']:.0f} ms, "
+              f"waits {s.get('wait_ms', 0):.0f} ms from {s.get('wait_start_ms', 0):.0f} ms; "
+              f"intra thread busy {s['intra_busy_ms']:.0f} ms, inter {s['inter_busy_ms']:.0f} ms")
+    if a.out:
+        plot(traces, a.out, f"LGS gradient sync, step {step} ({a.trace_dir.name})")
+        print(f"wrote {a.out}")
+    return summaries
+
+
+if __name__ == "__main__":
+    main()
