@@ -4,8 +4,9 @@ long the training thread waited for them; and print the same as text.
 
     python bench/lgs_trace_plot.py TRACE_DIR --out timeline.png [--step N]
 
-Each rank's times start at its own first event of the step (the ranks' trace clocks have
-different origins; the collectives keep them within a few milliseconds of each other).
+Ranks of one host (the emulated cluster) share one time axis, from the traces' origins on
+the host's monotonic clock; ranks of different hosts each start at their own first event of
+the step.
 """
 
 from __future__ import annotations
@@ -18,22 +19,36 @@ LANES = {1: "backward", 2: "intra-node", 3: "inter-node"}
 COLORS = {"intra": "tab:blue", "inter": "tab:orange", "wait": "tab:red"}
 
 
-def load_step(path: Path, step: int | None) -> tuple[int, list[dict]]:
-    """(step, events of that step) of one rank's trace; the last traced step by default."""
-    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] != "M"]
+def load_step(path: Path, step: int | None) -> tuple[int, list[dict], dict]:
+    """(step, events of that step, the trace's `otherData`) of one rank's trace; the last
+    traced step by default."""
+    trace = json.loads(path.read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] != "M"]
     if not events:
         raise SystemExit(f"lgs_trace_plot: {path}: no events")
     steps = sorted({e["args"]["step"] for e in events})
     chosen = steps[-1] if step is None else step
     if chosen not in steps:
         raise SystemExit(f"lgs_trace_plot: {path}: step {chosen} not traced (have {steps})")
-    return chosen, [e for e in events if e["args"]["step"] == chosen]
+    return chosen, [e for e in events if e["args"]["step"] == chosen], trace.get("otherData", {})
 
 
-def summary(events: list[dict]) -> dict:
-    """Milliseconds from the step's first event: last bucket ready, the wait's start and
-    length, and the time each communication thread was busy."""
-    t0 = min(e["ts"] for e in events)
+def on_one_clock(traces: dict[int, list[dict]], others: dict[int, dict]) -> bool:
+    """Shift every rank's events onto the host's monotonic clock when all ranks ran on one
+    host and say where their trace's clock started; returns whether it did."""
+    hosts = {o.get("host") for o in others.values()}
+    if len(hosts) != 1 or None in hosts or any(
+            "monotonic_origin_s" not in o for o in others.values()):
+        return False
+    for rank, events in traces.items():
+        shift = others[rank]["monotonic_origin_s"] * 1e6
+        traces[rank] = [{**e, "ts": e["ts"] + shift} for e in events]
+    return True
+
+
+def summary(events: list[dict], t0: float) -> dict:
+    """Milliseconds from `t0` (us): last bucket ready, the wait's start and length, and the
+    time each communication thread was busy."""
     ready = [e["ts"] for e in events if e["ph"] == "i"]
     wait = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
     busy = {lane: sum(e["dur"] for e in events if e["ph"] == "X" and e["tid"] == tid)
@@ -51,7 +66,8 @@ def _color(name: str) -> str:
         "inter" if name.startswith("inter") else "intra"]
 
 
-def plot(traces: dict[int, list[dict]], out: Path, title: str) -> None:
+def plot(traces: dict[int, list[dict]], origins: dict[int, float], out: Path, xlabel: str,
+         title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +76,7 @@ def plot(traces: dict[int, list[dict]], out: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(12, 1.1 + 0.9 * len(traces)))
     ticks, labels = [], []
     for i, (rank, events) in enumerate(sorted(traces.items())):
-        t0 = min(e["ts"] for e in events)
+        t0 = origins[rank]
         for tid, lane in LANES.items():
             y = i * 4 + (3 - tid)
             ticks.append(y)
@@ -75,7 +91,7 @@ def plot(traces: dict[int, list[dict]], out: Path, title: str) -> None:
                 else:
                     ax.vlines(x, y - 0.45, y + 0.45, color="black", linewidth=0.8)
     ax.set_yticks(ticks, labels, fontsize=7)
-    ax.set_xlabel("ms from the rank's first event of the step (black ticks: bucket ready)")
+    ax.set_xlabel(f"{xlabel} (black ticks: bucket ready)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, ["intra-node hop", "inter-node hop", "training thread waits"],
               loc="upper left", fontsize=7)
@@ -93,17 +109,27 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
     files = sorted(a.trace_dir.glob("lgs_trace_rank*.json"))
     if not files:
         raise SystemExit(f"lgs_trace_plot: no lgs_trace_rank*.json in {a.trace_dir}")
-    traces, summaries, step = {}, {}, None
+    traces, others, step = {}, {}, None
     for f in files:
         rank = int(f.stem.removeprefix("lgs_trace_rank"))
-        step, traces[rank] = load_step(f, a.step)
-        summaries[rank] = summary(traces[rank])
-        s = summaries[rank]
+        step, traces[rank], others[rank] = load_step(f, a.step)
+    if on_one_clock(traces, others):
+        first = min(e["ts"] for events in traces.values() for e in events)
+        origins = dict.fromkeys(traces, first)
+        xlabel = "ms from the step's first event on any rank (one host, one clock)"
+    else:
+        origins = {r: min(e["ts"] for e in events) for r, events in traces.items()}
+        xlabel = "ms from each rank's first event of the step"
+    summaries = {}
+    for rank in sorted(traces):
+        summaries[rank] = s = summary(traces[rank], origins[rank])
         print(f"rank {rank} step {step}: last bucket ready at {s['last_ready_ms']:.0f} ms, "
               f"waits {s.get('wait_ms', 0):.0f} ms from {s.get('wait_start_ms', 0):.0f} ms; "
               f"intra thread busy {s['intra_busy_ms']:.0f} ms, inter {s['inter_busy_ms']:.0f} ms")
+    print(xlabel)
     if a.out:
-        plot(traces, a.out, f"LGS gradient sync, step {step} ({a.trace_dir.name})")
+        plot(traces, origins, a.out, xlabel,
+             f"LGS gradient sync, step {step} ({a.trace_dir.name})")
         print(f"wrote {a.out}")
     return summaries
 

@@ -4,6 +4,7 @@ ready on the training thread and what each communication thread ran, for the fir
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -43,8 +44,12 @@ class SyncTrace:
         directory.mkdir(parents=True, exist_ok=True)
         names = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": n}}
                  for n, tid in THREADS.items()]
+        # The origin on the host's monotonic clock, so that ranks of one host can be drawn on
+        # one time axis (`bench/lgs_trace_plot.py`).
+        other = {"host": socket.gethostname(), "monotonic_origin_s": self._t0}
         (directory / f"lgs_trace_rank{rank:05d}.json").write_text(
-            json.dumps({"traceEvents": names + self._events, "displayTimeUnit": "ms"}))
+            json.dumps({"traceEvents": names + self._events, "displayTimeUnit": "ms",
+                        "otherData": other}))
 
 
 class _Span:

@@ -21,7 +21,7 @@ LGS = ["--lgs", "--lgs-gpus-per-node", "2", "--lgs-intra-threshold-mb", "0.05",
        "--lgs-inter-threshold-mb", "0.02"]
 
 
-def test_lgs_loss_curve_equals_plain_ddp_for_20_steps(tiny, tmp_path):
+def test_lgs_loss_curve_equals_plain_ddp_for_20_steps(tiny, tmp_path, capsys):
     args = [*tiny, *FOUR, "--train-iters", "20", "--use-distributed-optimizer"]
     plain = run_pretrain(args, nproc=4, save_dir=tmp_path / "plain").losses()
     lgs_run = run_pretrain([*args, *LGS, "--lgs-trace-dir", str(tmp_path / "trace")], nproc=4,
@@ -49,7 +49,9 @@ def test_lgs_loss_curve_equals_plain_ddp_for_20_steps(tiny, tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     from lgs_trace_plot import main as plot_trace
 
+    capsys.readouterr()
     summaries = plot_trace([str(tmp_path / "trace"), "--out", str(tmp_path / "step.png")])
+    assert "(one host, one clock)" in capsys.readouterr().out  # the ranks on one time axis
     assert sorted(summaries) == [0, 1, 2, 3] and (tmp_path / "step.png").stat().st_size > 0
     for s in summaries.values():
         assert s["intra_busy_ms"] > 0 and s["inter_busy_ms"] > 0
