@@ -155,6 +155,13 @@ class Worker:
         done = time.perf_counter()
         return StepTime(done - started, computed - started, done - computed), loss.item()
 
+    def comm_thread_setup(self):
+        """For the calibration probe's communication thread: the priority this rank's
+        communication threads run at (None when they keep the normal one)."""
+        if not self.comm_priority:
+            return None
+        return lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+
     def prioritize_communication(self) -> None:
         """Real-time priority for every thread of this rank but the training thread: gloo's
         workers and transport loop, LGS's communication thread. On a GPU node communication has

@@ -54,7 +54,8 @@ def worker(a: argparse.Namespace) -> None:
     w = Worker(model_flags(a), a.micro_batches, a.comm_priority)
     cfg = w.cfg
     hw, meas = calibrate.measure_profile(cfg, w.platform,
-                                         calibrate.job_levels(cfg, a.gpus_per_node))
+                                         calibrate.job_levels(cfg, a.gpus_per_node),
+                                         comm_thread_setup=w.comm_thread_setup())
     lgs_cfg = replace(cfg, lgs=replace(cfg.lgs, lgs=True, lgs_autotune=True,
                                        lgs_autotune_min_mb=min(grid),
                                        lgs_autotune_max_mb=max(grid)))

@@ -50,6 +50,7 @@ class ProbeConfig:
     inter_sizes: tuple[int, ...] = INTER_SIZES
     repeats: int = 3  # timed repetitions per size, after one warm-up
     compute_repeats: int = 5
+    overlap_repeats: int = 5
 
 
 def _slowest(seconds: float) -> float:
@@ -144,20 +145,42 @@ def probe_config(cfg):
     return replace(cfg, model=replace(cfg.model, num_layers=1), parallel=par)
 
 
-def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], compute_s: float,
-                  comm_s: float, repeats: int) -> float:
+def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], repeats: int,
+                  comm_thread_setup: Callable[[], None] | None = None) -> float:
     """How much of the communication runs beside compute without slowing it: both at once
     (the collectives on a thread, as LGS runs them), against each alone. 1: the pair takes
-    as long as the longer one; 0: as long as both in turn."""
-    samples = []
-    for _ in range(repeats):
+    as long as the longer one; 0: as long as both in turn.
+
+    Each repetition times compute alone, communication alone and both, so that a drift of
+    the machine's load between them moves all three; the median of the repetitions' ratios
+    is the answer. `comm_thread_setup` runs first on the communication thread (a caller whose
+    communication threads run at another priority gives the probe's the same)."""
+
+    def on_thread() -> None:
+        if comm_thread_setup is not None:
+            comm_thread_setup()
+        comm()
+
+    def timed(fn: Callable[[], None]) -> float:
         dist.barrier()
         started = time.perf_counter()
-        thread = threading.Thread(target=comm)
+        fn()
+        return _slowest(time.perf_counter() - started)
+
+    def both() -> None:
+        thread = threading.Thread(target=on_thread)
         thread.start()
         compute()
         thread.join()
-        wall = _slowest(time.perf_counter() - started)
+
+    def comm_alone() -> None:
+        thread = threading.Thread(target=on_thread)
+        thread.start()
+        thread.join()
+
+    samples = []
+    for _ in range(repeats):
+        compute_s, comm_s, wall = timed(compute), timed(comm_alone), timed(both)
         samples.append((compute_s + comm_s - wall) / min(compute_s, comm_s))
     return min(1.0, max(0.0, statistics.median(samples)))
 
@@ -171,8 +194,11 @@ def _memory_bytes(platform, per_node: int) -> float:
 
 
 def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeConfig(),
-                    name: str = "measured") -> tuple[HardwareProfile, dict]:
-    """Probe this job's links and compute; returns the profile and the raw samples."""
+                    name: str = "measured",
+                    comm_thread_setup: Callable[[], None] | None = None
+                    ) -> tuple[HardwareProfile, dict]:
+    """Probe this job's links and compute; returns the profile and the raw samples.
+    `comm_thread_setup`: see `probe_overlap`."""
     from megatron_lgs.lgs.recommend import workload_for_config
 
     if cfg.parallel.pipeline_model_parallel_size > 1:
@@ -203,8 +229,8 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
                 for _ in range(k):
                     reduce_scatter(dst, src, group, all_to_all=a2a)
 
-            overlap = probe_overlap(probe_model.step, comm, step_s, k * t_one,
-                                    probe.repeats)
+            overlap = probe_overlap(probe_model.step, comm, probe.overlap_repeats,
+                                    comm_thread_setup)
     finally:
         torch.set_rng_state(cpu_state)
         tracker.set_states(tracker_states)

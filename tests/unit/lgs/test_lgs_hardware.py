@@ -4,11 +4,13 @@ of `--lgs-hardware PATH.json` / `measured`."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from megatron_lgs.arguments import parse_args
-from megatron_lgs.lgs.calibrate import fit_link
+from megatron_lgs.lgs.calibrate import fit_link, probe_overlap
 from megatron_lgs.lgs.costmodel import HardwareProfile, Link, reduce_scatter_time
 from megatron_lgs.lgs.hardware import (
     ProfileError,
@@ -138,3 +140,39 @@ def test_overlap_below_one_charges_the_communication_beside_the_backward(tmp_pat
                  for b in stage.buckets)
     assert beside > 0
     assert shared.step_time_s == pytest.approx(free.step_time_s + beside)
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def _spinner(seconds: float):
+    """Busy Python of a fixed amount of work that takes about `seconds` alone: it holds the
+    GIL, so two of them on two threads take as long as both in turn."""
+    n, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        n += 1
+
+    def spin() -> None:
+        for _ in range(n):
+            time.perf_counter()
+    return spin
+
+
+def test_overlap_probe_tells_work_that_overlaps_from_work_that_competes(one_rank_group):
+    assert probe_overlap(lambda: time.sleep(0.05), lambda: time.sleep(0.05), 3) > 0.8
+    assert probe_overlap(_spinner(0.05), _spinner(0.05), 3) < 0.3
+    # The setup hook runs on the communication thread, before the communication, every time.
+    seen: list[int] = []
+    probe_overlap(lambda: None, lambda: seen.append(-1), 2,
+                  comm_thread_setup=lambda: seen.append(threading.get_ident()))
+    assert len(seen) == 8 and seen[1::2] == [-1] * 4
+    assert threading.get_ident() not in seen
