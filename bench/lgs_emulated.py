@@ -76,6 +76,11 @@ class StepTime:
     wait: float  # in finish_grad_sync
 
 
+def _realtime(tid: int) -> None:
+    """Real-time (FIFO) priority for thread `tid`, above every normal thread."""
+    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+
+
 class Worker:
     """One rank's models and batches; `flags` are trainer flags (Megatron-LM names)."""
 
@@ -160,7 +165,7 @@ class Worker:
         communication threads run at (None when they keep the normal one)."""
         if not self.comm_priority:
             return None
-        return lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        return lambda: _realtime(0)  # 0: the calling thread
 
     def prioritize_communication(self) -> None:
         """Real-time priority for every thread of this rank but the training thread: gloo's
@@ -173,7 +178,7 @@ class Worker:
             if tid == main or tid in self._prioritized:
                 continue
             try:
-                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+                _realtime(tid)
             except ProcessLookupError:  # the thread ended meanwhile
                 continue
             self._prioritized.add(tid)

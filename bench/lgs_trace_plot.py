@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-LANES = {1: "backward", 2: "intra-node", 3: "inter-node"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_lgs.lgs.trace import THREADS  # noqa: E402
+
+LANES = {tid: name for name, tid in THREADS.items()}  # the trace's thread ids -> lanes
+BACKWARD = THREADS["backward"]
 COLORS = {"intra": "tab:blue", "inter": "tab:orange", "wait": "tab:red"}
 
 
@@ -50,9 +56,9 @@ def summary(events: list[dict], t0: float) -> dict:
     """Milliseconds from `t0` (us): last bucket ready, the wait's start and length, and the
     time each communication thread was busy."""
     ready = [e["ts"] for e in events if e["ph"] == "i"]
-    wait = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    wait = [e for e in events if e["ph"] == "X" and e["tid"] == BACKWARD]
     busy = {lane: sum(e["dur"] for e in events if e["ph"] == "X" and e["tid"] == tid)
-            for tid, lane in LANES.items() if tid != 1}
+            for tid, lane in LANES.items() if tid != BACKWARD}
     out = {"last_ready_ms": (max(ready) - t0) / 1e3 if ready else None,
            "intra_busy_ms": busy["intra-node"] / 1e3, "inter_busy_ms": busy["inter-node"] / 1e3}
     if wait:
@@ -78,7 +84,7 @@ def plot(traces: dict[int, list[dict]], origins: dict[int, float], out: Path, xl
     for i, (rank, events) in enumerate(sorted(traces.items())):
         t0 = origins[rank]
         for tid, lane in LANES.items():
-            y = i * 4 + (3 - tid)
+            y = i * (len(LANES) + 1) + (len(LANES) - tid)  # backward on top
             ticks.append(y)
             labels.append(f"rank {rank} {lane}")
             for e in events:

@@ -108,6 +108,15 @@ KORTHIKANTI_RUNS = [
 ]
 
 
+# What Megatron-LM of 2021-2022 on Selene shares between those two sources: GPT-2's vocabulary,
+# sequence 2048, FP16, unfused attention, no distributed optimizer, FP16 gradients outside a
+# fused buffer, blocking pipeline sends with scatter-gather, tied embeddings.
+MEGATRON_LM_A100 = {
+    "gpu": "a100-80gb", "vocab": 51200, "seq_length": 2048, "precision": "fp16",
+    "flash_attention": False, "distributed_optimizer": False, "grad_buffer": False,
+    "overlap_p2p_comm": False, "p2p_scatter_gather": True, "untie_embeddings": False}
+
+
 def korthikanti_rows() -> list[dict]:
     rows = []
     for name, heads, hidden, layers, tp, pp, gpus, batch, mbs, vpp, times in KORTHIKANTI_RUNS:
@@ -115,17 +124,13 @@ def korthikanti_rows() -> list[dict]:
             rows.append({
                 "source": KORTHIKANTI, "published": seconds, "metric": "iteration time s",
                 "layout_source": KORTHIKANTI_LAYOUT,
-                "run": {"id": f"korthikanti22-{name}-{mode}", "gpu": "a100-80gb",
+                "run": {**MEGATRON_LM_A100, "id": f"korthikanti22-{name}-{mode}",
                         "num_gpus": gpus, "num_layers": layers, "hidden": hidden,
-                        "heads": heads, "vocab": 51200, "seq_length": 2048, "tp": tp,
-                        "pp": pp, "dp": 1, "vpp": vpp, "micro_batch": mbs,
-                        "global_batch": batch, "precision": "fp16",
+                        "heads": heads, "tp": tp, "pp": pp, "dp": 1, "vpp": vpp,
+                        "micro_batch": mbs, "global_batch": batch,
                         "recompute": "full" if mode == "full" else "selective",
-                        "sequence_parallel": mode == "seqsel", "flash_attention": False,
-                        "overlap_grad_reduce": False, "distributed_optimizer": False,
-                        "grad_buffer": False, "overlap_p2p_comm": False,
-                        "p2p_scatter_gather": True, "tp_async_backward": True,
-                        "untie_embeddings": False}})
+                        "sequence_parallel": mode == "seqsel", "overlap_grad_reduce": False,
+                        "tp_async_backward": True}})
     return rows
 
 
@@ -137,15 +142,11 @@ def narayanan_rows() -> list[dict]:
             "source": NARAYANAN, "published": tflops, "metric": "TFLOP/s/GPU (with recompute)",
             "layout_source": NARAYANAN_SCRIPT,
             "bucket_mb": TORCH_DDP_BUCKET_MB if torch_ddp else None,
-            "run": {"id": f"narayanan21-{name}", "gpu": "a100-80gb", "num_gpus": gpus,
-                    "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 51200,
-                    "seq_length": 2048, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch": mbs,
-                    "global_batch": batch, "recompute": "full", "precision": "fp16",
-                    "sequence_parallel": False, "flash_attention": False,
-                    "overlap_grad_reduce": torch_ddp, "distributed_optimizer": False,
-                    "grad_buffer": False, "overlap_p2p_comm": False,
-                    "p2p_scatter_gather": True, "tp_async_backward": False,
-                    "untie_embeddings": False}})
+            "run": {**MEGATRON_LM_A100, "id": f"narayanan21-{name}", "num_gpus": gpus,
+                    "num_layers": layers, "hidden": hidden, "heads": heads, "tp": tp,
+                    "pp": pp, "vpp": vpp, "micro_batch": mbs, "global_batch": batch,
+                    "recompute": "full", "sequence_parallel": False,
+                    "overlap_grad_reduce": torch_ddp, "tp_async_backward": False}})
     return rows
 
 

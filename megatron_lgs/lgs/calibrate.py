@@ -59,16 +59,18 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
-def _timed(fn: Callable[[], None], repeats: int) -> float:
-    """Median over repetitions of the slowest rank's time of `fn` (all ranks start together)."""
+def _time_once(fn: Callable[[], None]) -> float:
+    """The slowest rank's time of one call of `fn`, all ranks starting together."""
+    dist.barrier()
+    started = time.perf_counter()
     fn()
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        started = time.perf_counter()
-        fn()
-        samples.append(_slowest(time.perf_counter() - started))
-    return statistics.median(samples)
+    return _slowest(time.perf_counter() - started)
+
+
+def _timed(fn: Callable[[], None], repeats: int) -> float:
+    """Median over repetitions of `_time_once`, after one warm-up call."""
+    fn()
+    return statistics.median(_time_once(fn) for _ in range(repeats))
 
 
 def fit_link(samples: list[tuple[int, float]], p: int) -> Link:
@@ -161,12 +163,6 @@ def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], repeats
             comm_thread_setup()
         comm()
 
-    def timed(fn: Callable[[], None]) -> float:
-        dist.barrier()
-        started = time.perf_counter()
-        fn()
-        return _slowest(time.perf_counter() - started)
-
     def both() -> None:
         thread = threading.Thread(target=on_thread)
         thread.start()
@@ -180,7 +176,7 @@ def probe_overlap(compute: Callable[[], None], comm: Callable[[], None], repeats
 
     samples = []
     for _ in range(repeats):
-        compute_s, comm_s, wall = timed(compute), timed(comm_alone), timed(both)
+        compute_s, comm_s, wall = _time_once(compute), _time_once(comm_alone), _time_once(both)
         samples.append((compute_s + comm_s - wall) / min(compute_s, comm_s))
     return min(1.0, max(0.0, statistics.median(samples)))
 

@@ -374,7 +374,7 @@ class LgsEngine:
                 if compressed:
                     self._store_residual_rows(bs, segments, bs.send_residual, send_res)
                     self._store_residual_rows(bs, segments, bs.gather_residual, gather_res)
-                result = torch.cat(outputs, dim=-1)
+                result = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
             if self.distributed_optimizer:  # only this rank's chunk (megatron does the same)
                 mine = (result if result.dim() == 1 else result[0]).unsqueeze(0)
                 self._write_back(bs, segments, mine, lv.rank)
