@@ -160,6 +160,18 @@ class Worker:
         done = time.perf_counter()
         return StepTime(done - started, computed - started, done - computed), loss.item()
 
+    def calibrate(self, per_node: int):
+        """The calibration probe on this job's groups, at the priority the steps run at: the
+        groups are made first (each brings its own gloo threads) and raised with the rest, so
+        the probe measures the conditions the schemes are timed in."""
+        from megatron_lgs.lgs import calibrate
+
+        levels = calibrate.job_levels(self.cfg, per_node)
+        if self.comm_priority:
+            self.prioritize_communication()
+        return calibrate.measure_profile(self.cfg, self.platform, levels,
+                                         comm_thread_setup=self.comm_thread_setup())
+
     def comm_thread_setup(self):
         """For the calibration probe's communication thread: the priority this rank's
         communication threads run at (None when they keep the normal one)."""

@@ -74,8 +74,7 @@ def worker(a: argparse.Namespace) -> None:
     nodes, per_node = a.nodes, a.gpus_per_node
     w = Worker(model_flags(a), a.micro_batches[0], a.comm_priority)
     cfg = w.cfg
-    hw, meas = calibrate.measure_profile(cfg, w.platform, calibrate.job_levels(cfg, per_node),
-                                         comm_thread_setup=w.comm_thread_setup())
+    hw, meas = w.calibrate(per_node)
     overlap = replace(cfg.optim, overlap_grad_reduce=True)
     lgs_cfg = replace(cfg, lgs=replace(cfg.lgs, lgs=True, lgs_autotune=True,
                                        lgs_autotune_min_mb=min(GRID_MB),

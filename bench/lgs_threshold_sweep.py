@@ -53,9 +53,7 @@ def worker(a: argparse.Namespace) -> None:
     grid = a.grid
     w = Worker(model_flags(a), a.micro_batches, a.comm_priority)
     cfg = w.cfg
-    hw, meas = calibrate.measure_profile(cfg, w.platform,
-                                         calibrate.job_levels(cfg, a.gpus_per_node),
-                                         comm_thread_setup=w.comm_thread_setup())
+    hw, meas = w.calibrate(a.gpus_per_node)
     lgs_cfg = replace(cfg, lgs=replace(cfg.lgs, lgs=True, lgs_autotune=True,
                                        lgs_autotune_min_mb=min(grid),
                                        lgs_autotune_max_mb=max(grid)))

@@ -9,8 +9,9 @@ sees it (`sync.build_levels`). It measures, with the collectives the engine runs
 - the forward+backward time of a one-layer GPT of the run's own shape (megatron-core's model,
   the run's config), which gives the FLOP rate this rank reaches and so the backward time per
   layer;
-- how much communication slows that compute when both run at once (`overlap`: 1 where they
-  do not compete, as on a GPU; near 0 where they share saturated cores).
+- how much communication slows that compute when both run at once, per level (`overlap` for
+  the inter-node hop, `intra_overlap` for the intra-node one: 1 where they do not compete, as
+  on a GPU; near 0 where they share saturated cores).
 
 Every time is the slowest rank's (a collective ends when its last rank does) and the median
 of a few repetitions. `--lgs-hardware measured` runs this at start-up; under torchrun,
@@ -213,11 +214,11 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
     try:
         probe_model = _ProbeModel(cfg, platform)
         step_s = _timed(probe_model.step, probe.compute_repeats)
-        # The slowest level's largest collective, repeated to last about one compute step.
-        group, p, (n, t_one) = ((levels.inter, m, inter[-1]) if inter else
-                                (levels.intra, g, intra[-1]) if intra else (None, 1, (0, 0.0)))
-        overlap = 1.0
-        if group is not None:
+
+        # Each level's largest collective, repeated to last about one compute step: the
+        # levels can differ (a hop that waits on a wire beside one that is CPU work).
+        def level_overlap(group, p: int, sample: tuple[int, float]) -> float:
+            n, t_one = sample
             k = max(1, round(step_s / t_one))
             src, dst = torch.ones(n // 4), torch.empty(n // 4 // p)
 
@@ -225,8 +226,11 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
                 for _ in range(k):
                     reduce_scatter(dst, src, group, all_to_all=a2a)
 
-            overlap = probe_overlap(probe_model.step, comm, probe.overlap_repeats,
-                                    comm_thread_setup)
+            return probe_overlap(probe_model.step, comm, probe.overlap_repeats,
+                                 comm_thread_setup)
+
+        intra_overlap = level_overlap(levels.intra, g, intra[-1]) if intra else None
+        inter_overlap = level_overlap(levels.inter, m, inter[-1]) if inter else None
     finally:
         torch.set_rng_state(cpu_state)
         tracker.set_states(tracker_states)
@@ -247,13 +251,16 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
         peak_flops=rate, memory_bytes=_memory_bytes(platform, g),
         source=f"calibration probe on {m} node(s) x {g} rank(s), "
                f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
-        efficiency=1.0, overlap=overlap)
+        efficiency=1.0, overlap=next((o for o in (inter_overlap, intra_overlap)
+                                      if o is not None), 1.0),
+        intra_overlap=intra_overlap if inter_overlap is not None else None)
     measurements = {
         "nodes": m, "ranks_per_node": g,
         "collective": "all_to_all + fp32 sum" if a2a else "reduce_scatter",
         "intra_samples": intra, "inter_samples": inter,
         "one_layer_gpt_step_s": step_s, "backward_s_per_layer": backward_s,
-        "backward_flops_per_layer": flops, "overlap": overlap,
+        "backward_flops_per_layer": flops, "overlap": hw.overlap,
+        "intra_overlap": hw.intra_overlap,
         "layer_shape": {"hidden": cfg.model.hidden_size, "ffn": cfg.model.ffn_size,
                         "seq": cfg.model.seq_length, "micro_batch": cfg.training.micro_batch_size},
         "probe_seconds": time.perf_counter() - started,
@@ -268,7 +275,8 @@ def describe(hw: HardwareProfile, measurements: dict) -> str:
     return (f"calibration ({measurements['probe_seconds']:.1f} s): intra {link(hw.intra)}; "
             f"inter {link(hw.inter)}; backward {1e3 * measurements['backward_s_per_layer']:.1f} "
             f"ms/layer ({hw.peak_flops / 1e9:.1f} GFLOP/s); communication beside compute: "
-            f"overlap {hw.overlap:.2f}")
+            f"overlap {hw.overlap:.2f}"
+            + (f" (intra-node {hw.intra_overlap:.2f})" if hw.intra_overlap is not None else ""))
 
 
 def job_levels(cfg, per_node: int) -> Levels:

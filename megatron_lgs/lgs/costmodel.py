@@ -44,7 +44,10 @@ class HardwareProfile:
     # Fraction of communication time that runs beside the backward without slowing it: 1 on
     # GPUs (NCCL on its own stream; the model's original assumption), measured by the probe
     # where compute and communication share cores (gloo on a CPU): 0 means they take turns.
+    # `overlap` is the inter-node hop's; `intra_overlap` the intra-node hop's (None: the same),
+    # which differ where one level waits on a wire and the other is CPU work (loopback).
     overlap: float = 1.0
+    intra_overlap: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
@@ -53,8 +56,13 @@ class HardwareProfile:
             raise ValueError("peak_flops and memory_bytes must be > 0")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
-        if not 0 <= self.overlap <= 1:
-            raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
+        for name, v in (("overlap", self.overlap), ("intra_overlap", self.intra_overlap)):
+            if v is not None and not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+
+    @property
+    def intra_overlap_or_inter(self) -> float:
+        return self.overlap if self.intra_overlap is None else self.intra_overlap
 
 
 def _check(p: int, n: float) -> None:

@@ -74,7 +74,9 @@ def profile_from_dict(d: Any, where: str) -> HardwareProfile:
             peak_flops=_number(d, "peak_flops", where),
             memory_bytes=_number(d, "memory_bytes", where), source=str(d.get("source", where)),
             efficiency=None if efficiency is None else _number(d, "efficiency", where),
-            overlap=_number(d, "overlap", where) if "overlap" in d else 1.0)
+            overlap=_number(d, "overlap", where) if "overlap" in d else 1.0,
+            intra_overlap=(_number(d, "intra_overlap", where)
+                           if d.get("intra_overlap") is not None else None))
     except ProfileError:
         raise
     except ValueError as exc:  # the dataclasses' own range checks

@@ -17,7 +17,8 @@ How the step is modelled (all times are predictions):
   systems' buckets (`baselines`, megatron in `stepmodel`) run on one channel. Communication
   overlaps compute without slowing it, unless the profile's `overlap` < 1 (compute and
   communication sharing cores): then the communication time spent beside the backward delays
-  the step by (1 - overlap) of it.
+  the step by (1 - overlap) of it, with the intra-node hops' own `intra_overlap` where the
+  profile has one.
 - Step time = max over stages of when that stage's gradients are synchronized; so the first
   stage's DP traffic is the critical one unless a later stage's traffic outlasts its slack.
 """
@@ -157,25 +158,31 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
     lay = w.layout
     first_free = free = bwd_start  # the intra-node channel, and the (only / second) one
     events: list[BucketEvent] = []
+    hops: list[tuple[float, float, float]] = []  # (start, end, overlap) of each hop
+    intra_o, inter_o = w.hw.intra_overlap_or_inter, w.hw.overlap
     for group, names, nbytes, ready in closed:
         g, m = lay.group_shape(group)
         cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
                                       all_gather=not lay.distributed_optimizer)
+        first = cost.intra_reduce_scatter_s
+        gather = cost.intra_s - first  # the intra-node all-gather after the inter-node hop
         if pipelined_hops:
-            first = cost.intra_reduce_scatter_s
             start = max(ready, first_free)
             first_free = start + first
-            free = max(first_free, free) + cost.total_s - first
+            rest = max(first_free, free)
         else:
             start = max(ready, free)
-            free = start + cost.total_s
+            rest = start + first
+        free = rest + cost.inter_s + gather
+        hops += [(start, start + first, intra_o), (rest, rest + cost.inter_s, inter_o),
+                 (free - gather, free, intra_o)]
         events.append(BucketEvent(group, tuple(names), nbytes, ready, start, free,
                                   cost.inter_messages))
     bwd_end = spans[-1].end_s if spans else bwd_start
     # Communication that runs during the backward slows it by (1 - overlap) of its length
-    # (shared cores); the slowed backward then delays everything after it by as much.
-    beside = sum(max(0.0, min(e.end_s, bwd_end) - max(e.start_s, bwd_start)) for e in events)
-    delay = (1 - w.hw.overlap) * beside
+    # (shared cores), per level; the slowed backward then delays everything after it by as
+    # much.
+    delay = sum((1 - o) * max(0.0, min(e, bwd_end) - max(s, bwd_start)) for s, e, o in hops)
     # Unsynchronized bytes: +grad bytes when its op ends, -bucket bytes when its collective ends.
     deltas = [(s.end_s, sum(g.numel for g in op.grads) * lay.grad_bytes)
               for s, op in zip(spans, ops, strict=True)]

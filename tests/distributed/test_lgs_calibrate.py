@@ -25,6 +25,8 @@ def test_measured_profile_probes_the_job_and_feeds_auto_thresholds(tiny):
     assert line, run.stdout[-3000:]
     seconds, _, bw, backward_ms, gflops, overlap = map(float, line.groups())
     assert seconds < 60 and bw > 0 and backward_ms > 0 and gflops > 0 and 0 <= overlap <= 1
+    # One rank per node: no intra-node hop, so no intra-node overlap of its own.
+    assert "intra-node" not in run.stdout[line.end():].splitlines()[0]
     assert "LGS thresholds from the cost model (measured): intra" in run.stdout
     assert len(run.logged_losses()) == 2
 

@@ -142,6 +142,31 @@ def test_overlap_below_one_charges_the_communication_beside_the_backward(tmp_pat
     assert shared.step_time_s == pytest.approx(free.step_time_s + beside)
 
 
+def test_intra_overlap_charges_the_intra_node_hops_apart_from_the_inter_node_ones():
+    cfg = parse_args([*TINY_GPT, "--lgs", "--use-distributed-optimizer",
+                      "--global-batch-size", "16"], 4)
+    th = Thresholds(1 << 16, 1 << 16)
+
+    def step(overlap: float, intra_overlap: float | None) -> float:
+        hw = HardwareProfile(**{**MEASURED.__dict__, "overlap": overlap,
+                                "intra_overlap": intra_overlap})
+        return predict_step(workload_for_config(cfg, 2, hw), th).step_time_s
+
+    free = step(1.0, None)
+    intra_only, inter_only, both = step(1.0, 0.0), step(0.0, 1.0), step(0.0, None)
+    assert intra_only > free and inter_only > free
+    # Each level's hops are charged once, by their own level's overlap.
+    assert both - free == pytest.approx((intra_only - free) + (inter_only - free))
+    assert step(0.25, 0.25) == step(0.25, None)
+
+
+def test_profile_keeps_the_intra_node_overlap_and_rejects_one_out_of_range(tmp_path):
+    hw = HardwareProfile(**{**MEASURED.__dict__, "intra_overlap": 0.75})
+    assert load_profile(save_profile(hw, tmp_path / "p.json")) == hw
+    with pytest.raises(ProfileError, match="intra_overlap must be in"):
+        load_profile(_write(tmp_path, _broken(intra_overlap=1.5)))
+
+
 @pytest.fixture
 def one_rank_group():
     import torch.distributed as dist
