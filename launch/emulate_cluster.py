@@ -54,6 +54,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -284,11 +285,24 @@ def emulated_cluster(nodes: int, gpus_per_node: int,
     if gpus_per_node < 1 or inter_gbit <= 0:
         raise ValueError("--gpus-per-node must be >= 1 and --inter-gbit > 0")
     cluster = EmulatedCluster(nodes, gpus_per_node, inter_gbit)
+    restore = _sigterm_raises()
     try:
         cluster.create()
         yield cluster
     finally:
         cluster.destroy()
+        restore()
+
+
+def _sigterm_raises():
+    """While a cluster exists, SIGTERM raises SystemExit in the main thread (so the `finally`
+    above removes the cluster; the default action would kill the owner and leave it behind),
+    unless the program has its own handler. Returns the undo."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return lambda: None
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -449,7 +463,6 @@ def _raise_on_sigterm(signum, frame) -> None:
 
 def main(argv: list[str]) -> int:
     args, command = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         with emulated_cluster(args.nodes, args.gpus_per_node, args.inter_gbit) as cluster:
             measured = cluster.inter_bandwidth()

@@ -104,6 +104,26 @@ def test_a_signal_removes_every_namespace_and_process(tmp_path, sig):
     assert subprocess.run(["pgrep", "-f", f"touch {marker}"]).returncode == 1
 
 
+def test_sigterm_to_a_program_using_the_python_api_removes_its_cluster(tmp_path):
+    # A benchmark driver owns its cluster through `emulated_cluster`; SIGTERM (a `kill`, a
+    # job scheduler) must not leave the namespaces behind.
+    marker = tmp_path / "inside"
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
+              "from launch.emulate_cluster import emulated_cluster\n"
+              "with emulated_cluster(nodes=2, gpus_per_node=1, inter_gbit=1.0):\n"
+              f"    open({str(marker)!r}, 'w').close()\n"
+              "    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.1)
+    assert len(_namespaces_of(proc.pid)) == 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not _namespaces_of(proc.pid)
+
+
 def test_a_test_that_fails_inside_the_cluster_leaves_nothing_behind():
     made: list[str] = []
     with pytest.raises(RuntimeError, match="on purpose"):
