@@ -230,7 +230,9 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
                                  comm_thread_setup)
 
         intra_overlap = level_overlap(levels.intra, g, intra[-1]) if intra else None
-        inter_overlap = level_overlap(levels.inter, m, inter[-1]) if inter else None
+        overlap = level_overlap(levels.inter, m, inter[-1]) if inter else None
+        if overlap is None:  # one node: its only hop, if any, is the intra-node one
+            overlap, intra_overlap = (1.0 if intra_overlap is None else intra_overlap), None
     finally:
         torch.set_rng_state(cpu_state)
         tracker.set_states(tracker_states)
@@ -251,16 +253,13 @@ def measure_profile(cfg, platform, levels: Levels, probe: ProbeConfig = ProbeCon
         peak_flops=rate, memory_bytes=_memory_bytes(platform, g),
         source=f"calibration probe on {m} node(s) x {g} rank(s), "
                f"{platform.device if not platform.is_cuda else torch.cuda.get_device_name()}",
-        efficiency=1.0, overlap=next((o for o in (inter_overlap, intra_overlap)
-                                      if o is not None), 1.0),
-        intra_overlap=intra_overlap if inter_overlap is not None else None)
+        efficiency=1.0, overlap=overlap, intra_overlap=intra_overlap)
     measurements = {
         "nodes": m, "ranks_per_node": g,
         "collective": "all_to_all + fp32 sum" if a2a else "reduce_scatter",
         "intra_samples": intra, "inter_samples": inter,
         "one_layer_gpt_step_s": step_s, "backward_s_per_layer": backward_s,
-        "backward_flops_per_layer": flops, "overlap": hw.overlap,
-        "intra_overlap": hw.intra_overlap,
+        "backward_flops_per_layer": flops,
         "layer_shape": {"hidden": cfg.model.hidden_size, "ffn": cfg.model.ffn_size,
                         "seq": cfg.model.seq_length, "micro_batch": cfg.training.micro_batch_size},
         "probe_seconds": time.perf_counter() - started,
