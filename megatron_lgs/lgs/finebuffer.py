@@ -69,6 +69,28 @@ class BufferSync:
     send_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [N, chunk]
     gather_residual: dict[int, torch.Tensor] = field(default_factory=dict)  # unit -> [chunk]
 
+    def stage(self, k: int) -> torch.Tensor:
+        """Plan bucket k's columns of every unit, scaled by megatron's gradient scaling factor,
+        as [g, N, width]: block l holds rows {n' g + l}, what local rank l reduces inside the
+        node. One strided copy, so the reduce-scatter's input needs no other."""
+        lv, segments = self.levels, self.plan.buckets[k].segments
+        n, g = lv.nodes, lv.per_node
+        scale = self.fine[segments[0].unit].bucket.gradient_scaling_factor
+        first = self.fine[segments[0].unit].bucket.grad_data
+        out = torch.empty(g, n, sum(s.hi - s.lo for s in segments), dtype=first.dtype,
+                          device=first.device)
+        off = 0
+        for s in segments:
+            w = s.hi - s.lo
+            src = self.fine[s.unit].rows(lv.size)[:, s.lo:s.hi].view(n, g, w).transpose(0, 1)
+            dst = out[:, :, off:off + w]
+            if scale != 1.0:
+                torch.mul(src, scale, out=dst)
+            else:
+                dst.copy_(src)
+            off += w
+        return out
+
     def replan(self, config: PlanConfig, backward_seconds: dict[str, float] | None) -> None:
         self.plan = make_plan(self.units, config, backward_seconds)
         self.unit_buckets = [[] for _ in self.units]

@@ -328,25 +328,18 @@ class LgsEngine:
     def _intra_hop(self, bs: BufferSync, k: int, ready):
         """1. Stage the bucket (scaled) and reduce-scatter it inside the node: local rank l gets
         the node's sum of rows {n' g + l}. Hands the rest to the inter-node thread."""
-        lv, segments = bs.levels, bs.plan.buckets[k].segments
+        lv = bs.levels
         n, g = lv.nodes, lv.per_node
         handoff = None
         with self._hop("intra-node", ready):
-            staging = torch.cat([bs.fine[s.unit].rows(lv.size)[:, s.lo:s.hi] for s in segments],
-                                dim=1)
-            scale = bs.fine[segments[0].unit].bucket.gradient_scaling_factor
-            if scale != 1.0:
-                staging.mul_(scale)
-            part = staging
+            staging = bs.stage(k)  # [g, n, width]
+            part = staging[0]
             if g > 1:
                 with self.trace.span(f"intra reduce-scatter {bs.key}/{k}", "intra-node"):
-                    part = torch.empty(n, staging.shape[1], dtype=staging.dtype,
+                    part = torch.empty(n, staging.shape[2], dtype=staging.dtype,
                                        device=staging.device)
-                    # gloo wants flat tensors: the output's first dim x g must be the input's.
-                    reduce_scatter(
-                        part.view(-1),
-                        staging.view(n, g, staging.shape[1]).transpose(0, 1).reshape(-1),
-                        lv.intra, all_to_all=self.all_to_all_reduce_scatter)
+                    reduce_scatter(part.view(-1), staging.view(-1), lv.intra,
+                                   all_to_all=self.all_to_all_reduce_scatter)
                 self.stats.bytes_intra += (g - 1) * part.numel() * part.element_size()
             if self.cuda:
                 handoff = torch.cuda.Event()

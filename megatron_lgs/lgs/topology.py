@@ -90,7 +90,14 @@ def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGrou
                    all_to_all: bool) -> None:
     """Sum-reduce-scatter `inp` into `out`: the backend's own collective, or megatron-core's
     all-to-all + local FP32 sum (`--reduce-scatter-with-fp32-accumulation`)."""
-    if all_to_all:
-        reduce_scatter_with_fp32_accumulation(out, inp, dist.ReduceOp.SUM, group, False)
-    else:
+    if not all_to_all:
         dist.reduce_scatter_single(out, inp, group=group)
+    elif out.dtype == inp.dtype == torch.float32:
+        # megatron-core's algorithm, summed straight into `out`: its version sums into a new
+        # tensor and copies that, one more pass over the shard beside the backward (tested
+        # bit-equal to it in tests/distributed/test_lgs_sync.py).
+        received = torch.empty_like(inp)
+        dist.all_to_all_single(received, inp, group=group)
+        torch.sum(received.view(dist.get_world_size(group), -1), dim=0, out=out)
+    else:
+        reduce_scatter_with_fp32_accumulation(out, inp, dist.ReduceOp.SUM, group, False)

@@ -77,6 +77,22 @@ def _backward(ddp, step: int, rank: int) -> None:
     ddp.finish_grad_sync()
 
 
+def _reduce_scatter_matches_megatron(rank: int) -> bool:
+    """LGS's all-to-all reduce-scatter (FP32 summed in place) gives megatron-core's bits."""
+    from megatron.core.distributed.reduce_scatter_with_fp32_accumulation import (
+        reduce_scatter_with_fp32_accumulation,
+    )
+
+    from megatron_lgs.lgs.topology import reduce_scatter
+
+    inp = torch.randn(WORLD * 1000, generator=torch.Generator().manual_seed(rank)) * 1e3
+    ours, theirs = torch.empty(1000), torch.empty(1000)
+    reduce_scatter(ours, inp, None, all_to_all=True)
+    reduce_scatter_with_fp32_accumulation(theirs, inp, torch.distributed.ReduceOp.SUM, None,
+                                          False)
+    return torch.equal(ours, theirs) and not torch.equal(ours, inp[:1000])
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
@@ -120,6 +136,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 "levels": engine.buffers[0].levels.name,
             })
         results[case] = steps
+    results["reduce-scatter equals megatron's"] = _reduce_scatter_matches_megatron(rank)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     initialize.destroy()
@@ -133,7 +150,12 @@ def results(tmp_path_factory) -> dict[str, list[list[dict]]]:
         port = s.getsockname()[1]
     mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD, join=True)
     per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    return {case: [per_rank[r][case] for r in range(WORLD)] for case in CASES}
+    return {case: [per_rank[r][case] for r in range(WORLD)]
+            for case in [*CASES, "reduce-scatter equals megatron's"]}
+
+
+def test_all_to_all_reduce_scatter_is_bit_equal_to_megatrons(results):
+    assert results["reduce-scatter equals megatron's"] == [True] * WORLD
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -54,8 +54,9 @@ def test_a_ranks_shard_is_its_slice_and_grads_are_scaled_before_the_collective()
 
 
 def test_all_to_all_reduce_scatter_is_megatrons_and_synchronous_when_asked():
-    """LGS's hops call megatron's function (output, input, op, group, async_op) so that
-    --reduce-scatter-with-fp32-accumulation reduces the same way on both sides."""
+    """LGS's hops call megatron's function (output, input, op, group, async_op), or for FP32
+    its algorithm (all-to-all, then the sum), so that --reduce-scatter-with-fp32-accumulation
+    reduces the same way on both sides."""
     from megatron.core.distributed import reduce_scatter_with_fp32_accumulation as rs
 
     params = list(inspect.signature(rs.reduce_scatter_with_fp32_accumulation).parameters)
