@@ -63,7 +63,7 @@ def read_ranks(out: Path) -> list[dict]:
 
 
 def slowest_median(ranks: list[dict], key: str, field: int) -> float:
-    """Median over steps of the slowest rank's `field` (0 step, 1 compute, 2 wait)."""
+    """Median over steps of the slowest rank's `field` (0 step, 1 compute, 2 wait, 3 CPU)."""
     per_step = zip(*(r["times"][key] for r in ranks), strict=True)
     return statistics.median(max(s[field] for s in step) for step in per_step)
 
@@ -74,6 +74,7 @@ class StepTime:
     step: float  # zero grads -> all micro-batches' forward/backward -> gradients synchronized
     compute: float  # until the last backward returned
     wait: float  # in finish_grad_sync
+    cpu: float  # CPU time of every thread of this rank (training, communication, gloo's)
 
 
 def _realtime(tid: int) -> None:
@@ -146,7 +147,7 @@ class Worker:
         megatron's schedule does); returns its times and the last micro-batch's loss."""
         if self.comm_priority:
             self.prioritize_communication()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         ddp.zero_grad_buffer()
         for j, tokens in enumerate(self.batches):
             last = j == len(self.batches) - 1
@@ -158,7 +159,8 @@ class Worker:
         computed = time.perf_counter()
         ddp.finish_grad_sync()
         done = time.perf_counter()
-        return StepTime(done - started, computed - started, done - computed), loss.item()
+        return (StepTime(done - started, computed - started, done - computed,
+                         time.process_time() - cpu), loss.item())
 
     def calibrate(self, per_node: int):
         """The calibration probe on this job's groups, at the priority the steps run at: the

@@ -16,6 +16,8 @@ Step = zero grads -> forward/backward of every micro-batch (no_sync on all but t
 finish_grad_sync. Compute = until the last backward returned; wait = time in finish_grad_sync;
 exposed communication = step - (a)'s compute (what the step costs beyond computing; it also
 counts communication that blocks or slows the backward, which a wait alone would miss).
+CPU = CPU time of all of a rank's threads per step (the busiest rank's median): on these shared
+cores what a scheme's communication costs the compute beside it.
 
     python bench/lgs_overlap.py                 # the full run (many minutes)
     python bench/lgs_overlap.py --quick         # 1 Gbit/s, 1 micro-batch, small GPT
@@ -57,7 +59,7 @@ def _measure(w: Worker, ddp, steps: int) -> list[list[float]]:
     out = []
     for _ in range(steps):
         t, _ = w.step(ddp)
-        out.append([t.step, t.compute, t.wait])
+        out.append([t.step, t.compute, t.wait, t.cpu])
     return out
 
 
@@ -135,11 +137,11 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # -- driver -------------------------------------------------------------------------------------
-def _table(ranks: list[dict], mb: int) -> dict[str, tuple[float, float, float]]:
+def _table(ranks: list[dict], mb: int) -> dict[str, tuple[float, float, float, float]]:
     rows = {}
     for name in SCHEMES:
         key = f"{name}|{mb}"
-        rows[name] = tuple(slowest_median(ranks, key, f) for f in range(3))
+        rows[name] = tuple(slowest_median(ranks, key, f) for f in range(4))
     return rows
 
 
@@ -171,7 +173,7 @@ def report(gbit: float, measured: float, ranks: list[dict], a: argparse.Namespac
               f"{a.rounds} rounds x {a.steps} steps")
         print(f"{'scheme':<16} {'step ms':>8} {'wait ms':>8} {'exposed ms':>10} "
               f"{'step/(a)':>8} {'step/(b)':>8} {'step/(c)':>8} {'exp/(a)':>8} {'exp/(b)':>8} "
-              f"{'exp/(c)':>8}")
+              f"{'exp/(c)':>8} {'cpu ms':>7}")
         sa, sb, sc = (rows[k][0] for k in SCHEMES[:3])
         ea, eb, ec = (exposed[k] for k in SCHEMES[:3])
 
@@ -179,10 +181,11 @@ def report(gbit: float, measured: float, ranks: list[dict], a: argparse.Namespac
             return f"{x / y:8.3f}" if y > 0 else f"{'-':>8}"
 
         for n in SCHEMES:
-            step, _, wait = rows[n]
+            step, _, wait, cpu = rows[n]
             print(f"{n:<16} {1e3 * step:8.0f} {1e3 * wait:8.0f} {1e3 * exposed[n]:10.0f} "
                   f"{ratio(step, sa)} {ratio(step, sb)} {ratio(step, sc)} "
-                  f"{ratio(exposed[n], ea)} {ratio(exposed[n], eb)} {ratio(exposed[n], ec)}")
+                  f"{ratio(exposed[n], ea)} {ratio(exposed[n], eb)} {ratio(exposed[n], ec)} "
+                  f"{1e3 * cpu:7.0f}")
         print(f"compute (a) {1e3 * compute:.0f} ms; gradient sync without overlap (a's wait) "
               f"{1e3 * rows['a no-overlap'][2]:.0f} ms = "
               f"{rows['a no-overlap'][2] / compute:.2f}x the compute")
