@@ -14,8 +14,13 @@ predicted-best cell's measured step against the measured best (target within 5%)
 tuner's trials to within 5% of the measured optimum (target <= 12 from the cost model's pick);
 writes a PNG with both heat maps.
 
-    python bench/lgs_threshold_sweep.py [--gbit 1] [--grid 1 2 4 8 16] [--png FILE]
+    python bench/lgs_threshold_sweep.py [--gbit 1] [--intra-grid 8 16 32 64]
+        [--inter-grid 1 2 4 8] [--png FILE]
     python bench/lgs_threshold_sweep.py --quick
+
+The default grid is one where every cell is a different bucket plan for the default GPT
+(12 MB layers; LGS closes buckets at layer boundaries, so intra thresholds of 1-8 MB all make
+one bucket per layer, and an inter cap above a bucket's per-rank shard changes nothing).
 """
 
 from __future__ import annotations
@@ -50,16 +55,18 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_lgs.lgs.recommend import recommend, workload_for_config
     from megatron_lgs.lgs.timeline import MB, Thresholds, predict_step
 
-    grid = a.grid
+    intra, inter = a.intra_grid, a.inter_grid
     w = Worker(model_flags(a), a.micro_batches, a.comm_priority)
     cfg = w.cfg
     hw, meas = w.calibrate(a.gpus_per_node)
     lgs_cfg = replace(cfg, lgs=replace(cfg.lgs, lgs=True, lgs_autotune=True,
-                                       lgs_autotune_min_mb=min(grid),
-                                       lgs_autotune_max_mb=max(grid)))
+                                       lgs_autotune_min_mb=min(intra),
+                                       lgs_autotune_max_mb=max(intra),
+                                       lgs_autotune_inter_min_mb=min(inter),
+                                       lgs_autotune_inter_max_mb=max(inter)))
     work = workload_for_config(lgs_cfg, a.gpus_per_node, hw)
-    rec = recommend(work, grid)
-    cells = [(i, e) for i in grid for e in grid]
+    rec = recommend(work, intra, inter)
+    cells = [(i, e) for i in intra for e in inter]
     predicted = {f"{i},{e}": predict_step(work, Thresholds(i * MB, e * MB)).step_time_s
                  for i, e in cells}
     ddp = w.build(lgs_cfg)
@@ -70,15 +77,14 @@ def worker(a: argparse.Namespace) -> None:
         for cell in order:
             measured[f"{cell[0]},{cell[1]}"] += _cell_steps(w, ddp, cell, a.steps)
     medians = {k: statistics.median(v) for k, v in measured.items()}
-    corners = [(min(grid), min(grid)), (min(grid), max(grid)), (max(grid), min(grid)),
-               (max(grid), max(grid))]
+    corners = [(i, e) for i in (min(intra), max(intra)) for e in (min(inter), max(inter))]
     worst = max(corners, key=lambda c: medians[f"{c[0]},{c[1]}"])
     tuner_runs = {}
     for name, start in (("cost model's pick", (rec.intra_mb, rec.inter_mb)),
                         ("worst corner", worst)):
         ddp.lgs.set_thresholds(*start)
         tuner_runs[name] = w.tune(ddp, lgs_cfg, a.tune_max_steps)
-    w.write(a.out, {"grid": grid, "predicted": predicted, "measured": measured,
+    w.write(a.out, {"grid": [intra, inter], "predicted": predicted, "measured": measured,
                     "recommended": [rec.intra_mb, rec.inter_mb], "tuner": tuner_runs,
                     "profile": calibrate.describe(hw, meas),
                     "numel": sum(p.numel() for p in ddp.module.parameters())})
@@ -86,35 +92,38 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # -- driver -------------------------------------------------------------------------------------
-def _grid_table(title: str, grid: list[int], values: dict[str, float]) -> str:
-    lines = [title, "intra\\inter " + " ".join(f"{e:>7}" for e in grid)]
-    for i in grid:
-        lines.append(f"{i:>11} " + " ".join(f"{1e3 * values[f'{i},{e}']:7.0f}" for e in grid))
+def _grid_table(title: str, grid: list[list[int]], values: dict[str, float]) -> str:
+    intra, inter = grid
+    lines = [title, "intra\\inter " + " ".join(f"{e:>7}" for e in inter)]
+    for i in intra:
+        lines.append(f"{i:>11} " + " ".join(f"{1e3 * values[f'{i},{e}']:7.0f}" for e in inter))
     return "\n".join(lines)
 
 
-def write_png(grid: list[int], measured: dict, predicted: dict, path: Path, title: str) -> None:
+def write_png(grid: list[list[int]], measured: dict, predicted: dict, path: Path,
+              title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    intra, inter = grid
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    data = [np.array([[1e3 * d[f"{i},{e}"] for e in grid] for i in grid])
+    data = [np.array([[1e3 * d[f"{i},{e}"] for e in inter] for i in intra])
             for d in (measured, predicted)]
     lo, hi = min(x.min() for x in data), max(x.max() for x in data)
     for ax, values, name in zip(axes, data, ("measured", "predicted (calibrated model)"),
                                 strict=True):
         im = ax.imshow(values, origin="lower", cmap="viridis", vmin=lo, vmax=hi)
-        ax.set_xticks(range(len(grid)), [str(g) for g in grid])
-        ax.set_yticks(range(len(grid)), [str(g) for g in grid])
+        ax.set_xticks(range(len(inter)), [str(g) for g in inter])
+        ax.set_yticks(range(len(intra)), [str(g) for g in intra])
         ax.set_xlabel("inter threshold (MB)")
         ax.set_ylabel("intra threshold (MB)")
         ax.set_title(f"{name}: step ms")
         best = np.unravel_index(values.argmin(), values.shape)
-        for y in range(len(grid)):
-            for x in range(len(grid)):
+        for y in range(len(intra)):
+            for x in range(len(inter)):
                 ax.text(x, y, f"{values[y, x]:.0f}", ha="center", va="center", fontsize=7,
                         color="red" if (y, x) == best else "white")
     fig.colorbar(im, ax=axes, shrink=0.8)
@@ -171,17 +180,23 @@ def main() -> None:
     add_model_args(p, hidden=512, layers=4, seq=64, vocab=8192)
     p.add_argument("--quick", action="store_true", help="4x4 grid, small GPT, 1 round")
     p.add_argument("--gbit", type=float, default=1.0)
-    p.add_argument("--grid", type=int, nargs="+", default=[1, 2, 4, 8, 16],
-                   help="threshold values (MB, doublings) for both levels")
+    p.add_argument("--intra-grid", type=int, nargs="+", default=[8, 16, 32, 64],
+                   help="intra thresholds (MB, doublings)")
+    p.add_argument("--inter-grid", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="inter-node message caps (MB, doublings)")
+    p.add_argument("--grid", type=int, nargs="+",
+                   help="one list of values for both levels (overrides the two above)")
     p.add_argument("--micro-batches", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=3, help="measured steps per cell per round")
     p.add_argument("--tune-max-steps", type=int, default=150)
     p.add_argument("--png", type=Path, default=Path("lgs_threshold_sweep.png"))
     if "--quick" in sys.argv:  # defaults only: flags given explicitly still win
-        p.set_defaults(grid=[2, 4, 8, 16], rounds=1, steps=2, hidden_size=256, num_layers=2,
-                       tune_max_steps=80)
+        p.set_defaults(intra_grid=[1, 2, 4, 8], rounds=1, steps=2, hidden_size=256,
+                       num_layers=2, tune_max_steps=80)
     a = parse_bench_args(p)
+    if a.grid:
+        a.intra_grid = a.inter_grid = a.grid
     if a.worker:
         worker(a)
         return

@@ -395,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="refine the thresholds online by interleaved A/B trials")
     _add(g, "--lgs-autotune-min-mb", lgs.lgs_autotune_min_mb)
     _add(g, "--lgs-autotune-max-mb", lgs.lgs_autotune_max_mb)
+    _add(g, "--lgs-autotune-inter-min-mb", lgs.lgs_autotune_inter_min_mb, type=float,
+         help="the inter-node message cap's own search range (default: the intra range)")
+    _add(g, "--lgs-autotune-inter-max-mb", lgs.lgs_autotune_inter_max_mb, type=float)
     _add(g, "--lgs-autotune-throughput-margin", lgs.lgs_autotune_throughput_margin)
     _add(g, "--lgs-autotune-loss-margin", lgs.lgs_autotune_loss_margin)
 
@@ -661,6 +664,13 @@ def _validate_lgs(cfg: Config) -> None:
                           "megatron_lgs.lgs.calibrate --out FILE ...) and pass the file")
     if not 0 < lgs.lgs_autotune_min_mb <= lgs.lgs_autotune_max_mb:
         raise ConfigError("--lgs-autotune-min-mb must be > 0 and <= --lgs-autotune-max-mb")
+    inter_lo, inter_hi = (lgs.lgs_autotune_min_mb if lgs.lgs_autotune_inter_min_mb is None
+                          else lgs.lgs_autotune_inter_min_mb,
+                          lgs.lgs_autotune_max_mb if lgs.lgs_autotune_inter_max_mb is None
+                          else lgs.lgs_autotune_inter_max_mb)
+    if not 0 < inter_lo <= inter_hi:
+        raise ConfigError("--lgs-autotune-inter-min-mb must be > 0 and <= "
+                          "--lgs-autotune-inter-max-mb (defaults: the intra range)")
     if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:
         raise ConfigError("--lgs-autotune-throughput-margin must be in [0, 1) and "
                           "--lgs-autotune-loss-margin >= 0")

@@ -28,5 +28,7 @@ class LgsConfig:
     lgs_autotune: bool = False
     lgs_autotune_min_mb: float = 8.0
     lgs_autotune_max_mb: float = 256.0
+    lgs_autotune_inter_min_mb: float | None = None  # None: --lgs-autotune-min-mb
+    lgs_autotune_inter_max_mb: float | None = None  # None: --lgs-autotune-max-mb
     lgs_autotune_throughput_margin: float = 0.03
     lgs_autotune_loss_margin: float = 0.005

@@ -25,11 +25,16 @@ def preference(p: StepPrediction) -> tuple[float, int, int]:
     return round(p.step_time_s, 9), p.thresholds.intra_bytes, p.thresholds.inter_bytes
 
 
-def sweep(w: Workload, grid_mb: list[int] = GRID_MB) -> GridResult:
-    """Predict every (intra, inter) pair; the best is the fastest, ties to smaller thresholds."""
-    if not grid_mb or min(grid_mb) <= 0:
-        raise ValueError(f"grid must hold positive MB values, got {grid_mb}")
-    preds = tuple(predict_step(w, Thresholds(i * MB, e * MB)) for i in grid_mb for e in grid_mb)
+def sweep(w: Workload, grid_mb: list[int] = GRID_MB,
+          inter_grid_mb: list[int] | None = None) -> GridResult:
+    """Predict every (intra, inter) pair of `grid_mb` x `inter_grid_mb` (None: `grid_mb`);
+    the best is the fastest, ties to smaller thresholds."""
+    inter_grid_mb = grid_mb if inter_grid_mb is None else inter_grid_mb
+    for g in (grid_mb, inter_grid_mb):
+        if not g or min(g) <= 0:
+            raise ValueError(f"grid must hold positive MB values, got {g}")
+    preds = tuple(predict_step(w, Thresholds(i * MB, e * MB))
+                  for i in grid_mb for e in inter_grid_mb)
     best = min(preds, key=preference)
     wall = memory_wall(w.model, w.layout, w.hw.memory_bytes)
     return GridResult(preds, best, wall)

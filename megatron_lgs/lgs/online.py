@@ -52,9 +52,11 @@ class OnlineTuning:
         self.log = log
         self.config = TunerConfig(min_mb=lgs.lgs_autotune_min_mb, max_mb=lgs.lgs_autotune_max_mb,
                                   throughput_margin=lgs.lgs_autotune_throughput_margin,
-                                  loss_margin=lgs.lgs_autotune_loss_margin)
-        start = tuple(min(max(mb, self.config.min_mb), self.config.max_mb)
-                      for mb in engine.thresholds_mb())
+                                  loss_margin=lgs.lgs_autotune_loss_margin,
+                                  inter_min_mb=lgs.lgs_autotune_inter_min_mb,
+                                  inter_max_mb=lgs.lgs_autotune_inter_max_mb)
+        start = tuple(min(max(mb, self.config.bounds(level)[0]), self.config.bounds(level)[1])
+                      for level, mb in enumerate(engine.thresholds_mb()))
         self.tuner = ThresholdTuner(start, self.config) if dist.get_rank() == 0 else None
         self.done = False
 

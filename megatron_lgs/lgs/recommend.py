@@ -46,13 +46,15 @@ class Recommendation:
         return self.intra_mb, self.inter_mb
 
 
-def recommend(w: Workload, grid_mb: list[int] = GRID_MB) -> Recommendation:
-    """The fastest predicted grid point whose intra threshold fits under the memory wall.
+def recommend(w: Workload, grid_mb: list[int] = GRID_MB,
+              inter_grid_mb: list[int] | None = None) -> Recommendation:
+    """The fastest predicted grid point (`grid_mb` x `inter_grid_mb`, None: `grid_mb`) whose
+    intra threshold fits under the memory wall.
 
     When none fits, the smallest intra threshold (the least staging memory) with its fastest
     inter threshold, flagged `fits_memory=False`. Ties go to the smaller thresholds.
     """
-    r = sweep(w, grid_mb)
+    r = sweep(w, grid_mb, inter_grid_mb)
     fitting = [p for p in r.predictions
                if p.thresholds.intra_bytes <= r.wall.largest_threshold_bytes]
     smallest = min(p.thresholds.intra_bytes for p in r.predictions)
@@ -71,12 +73,13 @@ def workload_for(
     num_query_groups: int | None = None,
     swiglu: bool = False, moe_ffn_hidden_size: int | None = None, untie_embeddings: bool = True,
     etp: int | None = None, distributed_optimizer: bool = False, efficiency: float = 0.5,
+    weighting: str = "params",
 ) -> Workload:
     """The simulator's workload from trainer-level numbers (Megatron-LM flag names).
 
     `profile`: a name in `costmodel.PROFILES`, a profile file (`hardware.load_profile`) or a
     profile; None means DEFAULT_PROFILE. `etp` None means the tensor-parallel size, as in
-    megatron-core.
+    megatron-core. `weighting`: `--lgs-layer-weighting`, how the engine closes its buckets.
     """
     model = ModelConfig(
         num_layers=num_layers, hidden=hidden_size, ffn_hidden=ffn_hidden_size,
@@ -87,7 +90,8 @@ def workload_for(
     layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp or tp, gpus_per_node=gpus_per_node,
                     micro_batch_size=micro_batch_size, num_micro_batches=num_micro_batches,
                     distributed_optimizer=distributed_optimizer)
-    return Workload(model, layout, resolve_profile(profile, DEFAULT_PROFILE), efficiency)
+    return Workload(model, layout, resolve_profile(profile, DEFAULT_PROFILE), efficiency,
+                    weighting)
 
 
 def recommend_thresholds(**numbers: Any) -> Recommendation:
@@ -119,7 +123,8 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
         num_query_groups=m.num_query_groups if m.group_query_attention else None,
         swiglu=m.swiglu, moe_ffn_hidden_size=m.moe_ffn_hidden_size,
         untie_embeddings=m.untie_embeddings_and_output_weights,
-        distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency)
+        distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency,
+        weighting=cfg.lgs.lgs_layer_weighting)
 
 
 def recommend_for_config(cfg: Config, gpus_per_node: int,

@@ -8,8 +8,12 @@ How the step is modelled (all times are predictions):
   T - sum_{j<k} tb_j: stage 0 ends last and later stages get slack. P2P sends are not modelled.
 - Gradients fire on the last micro-batch only (earlier ones run under no_sync); each op's
   gradients are ready when the op ends. Buckets fill in backward order per gradient group
-  (dense / expert, as Megatron keeps separate buffers), close once their bytes reach the intra
-  threshold (a tensor is never split, so a bucket can exceed it) and at the end of backward.
+  (dense / expert, as Megatron keeps separate buffers) by the engine's own planner
+  (`plan.make_plan` with the workload's `weighting`): with "none" (megatron's and the other
+  one-channel systems' rule) a bucket closes once its bytes reach the intra threshold, with
+  LGS's "params" / "measured" only at a layer boundary; a tensor is never split, so a bucket
+  can exceed the threshold, and the last closes at the end of backward. A bucket is ready when
+  the op of its last gradient ends.
 - Each bucket runs the two-level reduction (`hierarchical_allreduce`) with the inter threshold
   capping inter-node message size. LGS (`pipelined_hops`, the default) has two FIFO channels
   per GPU, as its engine has two threads: the intra-node reduce-scatter on one, the rest on the
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from megatron_lgs.lgs.costmodel import HardwareProfile, hierarchical_allreduce
+from megatron_lgs.lgs.plan import WEIGHTINGS, PlanConfig, Unit, make_plan
 from megatron_lgs.lgs.workload import (
     BackwardOp,
     Layout,
@@ -113,10 +118,15 @@ class Workload:
     layout: Layout
     hw: HardwareProfile
     efficiency: float = 0.5
+    # How LGS's engine closes its buckets (`--lgs-layer-weighting`, default "params"); the
+    # one-channel systems (`pipelined_hops=False`) always close at the threshold ("none").
+    weighting: str = "params"
 
     def __post_init__(self) -> None:
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
 
     @property
     def flop_rate(self) -> float:
@@ -124,37 +134,44 @@ class Workload:
         return self.hw.peak_flops * (self.hw.efficiency or self.efficiency)
 
 
-def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float
-             ) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
+def _layer(name: str) -> str:
+    """The layer a workload op or gradient belongs to ("layer3.fc1" -> "layer3"), as the
+    engine's `plan.layer_of` groups megatron-core's parameters."""
+    return name.split(".")[0]
+
+
+def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float,
+             weighting: str) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
     """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
-    ready time)."""
+    ready time), grouped per gradient group by `plan.make_plan`."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
-    closed: list[tuple[str, list[str], int, float]] = []
-    open_names: dict[str, list[str]] = {}
-    open_bytes: dict[str, int] = {}
+    grads: dict[str, list[tuple[str, int, float]]] = {}  # group -> (name, numel, ready)
+    layer_flops: dict[str, float] = {}
     t = start
     for op in ops:
         end = t + op.flops / rate
         spans.append(Span(op.name, t, end))
+        layer_flops[_layer(op.name)] = layer_flops.get(_layer(op.name), 0.0) + op.flops
         for g in op.grads:
-            open_names.setdefault(g.group, []).append(g.name)
-            nbytes = open_bytes.get(g.group, 0) + g.numel * gb
-            if nbytes >= th.intra_bytes:
-                closed.append((g.group, open_names.pop(g.group), nbytes, end))
-                open_bytes.pop(g.group, None)
-            else:
-                open_bytes[g.group] = nbytes
+            grads.setdefault(g.group, []).append((g.name, g.numel, end))
         t = end
-    for group, names in open_names.items():
-        closed.append((group, names, open_bytes[group], t))
+    closed: list[tuple[str, list[str], int, float]] = []
+    config = PlanConfig(th.intra_bytes, weighting)
+    for group, tensors in grads.items():
+        units = [Unit(name, _layer(name), numel, gb) for name, numel, _ in tensors]
+        for b in make_plan(units, config, layer_flops).buckets:
+            last = b.segments[-1].unit
+            closed.append((group, [tensors[s.unit][0] for s in b.segments], b.nbytes,
+                           tensors[last][2]))
     closed.sort(key=lambda b: b[3])
     return spans, closed
 
 
 def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
            th: Thresholds, rate: float, pipelined_hops: bool) -> StageTimeline:
-    spans, closed = _buckets(ops, bwd_start, w, th, rate)
+    spans, closed = _buckets(ops, bwd_start, w, th, rate,
+                             w.weighting if pipelined_hops else "none")
     lay = w.layout
     first_free = free = bwd_start  # the intra-node channel, and the (only / second) one
     events: list[BucketEvent] = []

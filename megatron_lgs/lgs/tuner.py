@@ -8,7 +8,8 @@ The search (issue 5, item 4; the seed's "accept a larger threshold only if throu
 by > 3% and the loss differs by < 0.5%"):
 
 - Levels in order: intra, then inter. Each starts from the incumbent (at first the cost model's
-  recommendation) and looks upward first: candidate = 2 x incumbent, within [min_mb, max_mb].
+  recommendation) and looks upward first: candidate = 2 x incumbent, within the level's range
+  ([min_mb, max_mb]; the inter level's own [inter_min_mb, inter_max_mb] where given).
 - A comparison runs `trials_per_candidate` interleaved trials A, B, A, B (A = incumbent, B =
   candidate). A trial discards `warmup_steps` steps when the thresholds just changed, then
   measures `steps_per_trial` steps. Step times are compared by their medians, which a single
@@ -44,10 +45,17 @@ class TunerConfig:
     steps_per_trial: int = 2  # steps measured per trial (A or B)
     trials_per_candidate: int = 4  # interleaved A/B/A/B trials per comparison (2 A + 2 B)
     warmup_steps: int = 1  # steps discarded after each switch
+    # The inter-node message cap's own range (None: min_mb / max_mb): it is usually well below
+    # the intra threshold (a bucket's inter-node messages are its per-rank shard, or smaller).
+    inter_min_mb: float | None = None
+    inter_max_mb: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_mb <= self.max_mb:
-            raise ValueError(f"need 0 < min_mb <= max_mb, got {self.min_mb}, {self.max_mb}")
+        for level in range(len(LEVELS)):
+            lo, hi = self.bounds(level)
+            if not 0 < lo <= hi:
+                raise ValueError(f"need 0 < min <= max MB for the {LEVELS[level]} level, got "
+                                 f"{lo}, {hi}")
         if not 0 <= self.throughput_margin < 1 or not 0 <= self.loss_margin:
             raise ValueError("need 0 <= throughput_margin < 1 and loss_margin >= 0")
         if self.steps_per_trial < 1 or self.warmup_steps < 0:
@@ -56,16 +64,23 @@ class TunerConfig:
             raise ValueError(f"trials_per_candidate must be even and >= 2 (as many A as B), "
                              f"got {self.trials_per_candidate}")
 
+    def bounds(self, level: int) -> tuple[float, float]:
+        """[min, max] MB of level `level` (0: intra, 1: inter)."""
+        if level == 1:
+            return (self.min_mb if self.inter_min_mb is None else self.inter_min_mb,
+                    self.max_mb if self.inter_max_mb is None else self.inter_max_mb)
+        return self.min_mb, self.max_mb
+
 
 class ThresholdTuner:
     """Doubling search over (intra_mb, inter_mb); see the module docstring."""
 
     def __init__(self, start: tuple[float, float], config: TunerConfig = TunerConfig()) -> None:
         self.config = config
-        for name, mb in zip(LEVELS, start, strict=True):
-            if not config.min_mb <= mb <= config.max_mb:
-                raise ValueError(f"start {name} threshold {mb} MB outside "
-                                 f"[{config.min_mb}, {config.max_mb}] MB")
+        for level, (name, mb) in enumerate(zip(LEVELS, start, strict=True)):
+            lo, hi = config.bounds(level)
+            if not lo <= mb <= hi:
+                raise ValueError(f"start {name} threshold {mb} MB outside [{lo}, {hi}] MB")
         self._start = [float(mb) for mb in start]
         self._best = list(self._start)
         self._level = 0
@@ -202,15 +217,15 @@ class ThresholdTuner:
 
     def _next_candidate(self) -> float | None:
         """The next threshold to try at the current level, moving on when a level is spent."""
-        c = self.config
         while not self.done:
             cur = self._best[self._level]
+            lo, hi = self.config.bounds(self._level)
             if self._direction == "up":
-                if cur * 2 <= c.max_mb:
+                if cur * 2 <= hi:
                     return cur * 2
                 self._end_direction()
                 continue
-            if cur / 2 >= c.min_mb:
+            if cur / 2 >= lo:
                 return cur / 2
             self._end_direction()
         return None

@@ -93,6 +93,26 @@ def _reduce_scatter_matches_megatron(rank: int) -> bool:
     return torch.equal(ours, theirs) and not torch.equal(ours, inp[:1000])
 
 
+def _predicted_layers(cfg) -> list[list[str]]:
+    """The cost model's buckets for this run (stage 0, dense), by the engine's layer names."""
+    from megatron_lgs.lgs.recommend import workload_for_config
+    from megatron_lgs.lgs.timeline import MB, Thresholds, predict_step
+
+    names = {"final_ln": "final norm"}
+    th = Thresholds(int(cfg.lgs.lgs_intra_threshold_mb * MB),
+                    int(cfg.lgs.lgs_inter_threshold_mb * MB))
+    out = []
+    for b in predict_step(workload_for_config(cfg, 2), th).stages[0].buckets:
+        layers = []
+        for t in b.tensors:
+            head = t.split(".")[0]
+            name = names.get(head, head.replace("layer", "layer ", 1))
+            if not layers or layers[-1] != name:
+                layers.append(name)
+        out.append(layers)
+    return out
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), TORCHDYNAMO_DISABLE="1")
@@ -134,6 +154,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 "largest_bucket": max(b.nbytes for bs in engine.buffers
                                       for b in bs.plan.buckets),
                 "levels": engine.buffers[0].levels.name,
+                "layers": [list(b.layers) for b in engine.buffers[0].plan.buckets],
+                "predicted_layers": _predicted_layers(cfg),
             })
         results[case] = steps
     results["reduce-scatter equals megatron's"] = _reduce_scatter_matches_megatron(rank)
@@ -179,6 +201,20 @@ def test_every_bucket_fires_once_per_step_on_the_last_micro_batch(results, case)
             assert set(step["fires"].values()) == {1}
             # the first micro-batch's grad-ready signals arrived and were held back
             assert step["ignored_ready"] > 0
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "params" in c])
+def test_cost_model_buckets_are_the_engines(results, case):
+    # Closing at layer boundaries, the cost model's buckets hold the engine's layers (the model
+    # has no biases and no position embedding, so only "none" weighting's byte-exact cuts
+    # differ). The final norm is left out: the distributed optimizer's fine buckets fold a
+    # parameter that small into its neighbour's unit.
+    def layers(buckets):
+        return [[x for x in b if x != "final norm"] for b in buckets]
+
+    step = results[case][0][0]
+    assert len(step["layers"]) > 1
+    assert layers(step["predicted_layers"]) == layers(step["layers"])
 
 
 def test_split_large_tensors_makes_more_buckets(results):

@@ -54,6 +54,8 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--lgs", "--ddp-bucket-size", "1000"], 1, "--ddp-bucket-size and --lgs"),
     (["--context-parallel-size", "2", "--seq-length", "30"], 2, "divisible by 2 x "),
     (["--lgs", "--lgs-layer-weighting", "flops"], 1, "invalid choice"),
+    (["--lgs", "--lgs-autotune-inter-min-mb", "8", "--lgs-autotune-inter-max-mb", "4"], 1,
+     "--lgs-autotune-inter-min-mb must be > 0 and <="),
     (["--num-distributed-optimizer-instances", "2", "--no-save"], 2,
      "needs --use-distributed-optimizer"),
     (["--num-distributed-optimizer-instances", "4", "--use-distributed-optimizer", "--no-save",

@@ -54,12 +54,15 @@ def test_recommendation_is_the_fastest_fitting_grid_point(profile):
 
 def test_memory_wall_caps_the_recommendation():
     model, lay = PRESETS["gpt-100b"]
-    roomy = Workload(model, lay, custom(300, 24, memory_GB=80))
+    # Buckets closing at the threshold: with "params" every threshold under a layer's 630 MB
+    # is the same plan, and ties go to the smallest.
+    roomy = Workload(model, lay, custom(300, 24, memory_GB=80), weighting="none")
     wall = memory_wall(model, lay, 80e9)
     # Memory leaving 2 x 40 MB of staging room beside states and activations (10% reserved).
     tight_bytes = (wall.states_bytes + wall.activation_bytes + 2 * 40 * MB) / 0.9
     assert memory_wall(model, lay, tight_bytes).largest_threshold_bytes == pytest.approx(40 * MB)
-    tight = recommend(Workload(model, lay, custom(300, 24, memory_GB=tight_bytes / 1e9)))
+    tight = recommend(Workload(model, lay, custom(300, 24, memory_GB=tight_bytes / 1e9),
+                               weighting="none"))
     assert recommend(roomy).intra_mb > 32
     assert tight.fits_memory and tight.intra_mb <= 32
     starved = recommend(Workload(model, lay, custom(300, 24, memory_GB=10)))

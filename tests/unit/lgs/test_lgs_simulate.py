@@ -25,10 +25,11 @@ SMALL = ModelConfig(num_layers=8, hidden=1024, ffn_hidden=4096, num_heads=16, vo
 SMALL_LAYOUT = Layout(tp=2, pp=2, dp=8, gpus_per_node=8, num_micro_batches=4)
 
 
-def small(hw_name: str = "a100-hdr", **lay: int) -> Workload:
+def small(hw_name: str = "a100-hdr", weighting: str = "params", **lay: int) -> Workload:
     from dataclasses import replace
 
-    return Workload(SMALL, replace(SMALL_LAYOUT, **lay), get_profile(hw_name))
+    return Workload(SMALL, replace(SMALL_LAYOUT, **lay), get_profile(hw_name),
+                    weighting=weighting)
 
 
 def test_bigger_buckets_fewer_collectives_and_exposed_below_comm() -> None:
@@ -43,7 +44,7 @@ def test_bigger_buckets_fewer_collectives_and_exposed_below_comm() -> None:
 
 
 def test_every_tensor_in_exactly_one_bucket_and_never_split() -> None:
-    w = small()
+    w = small(weighting="none")
     p = predict_step(w, Thresholds(8 * MB, 8 * MB))
     for s in p.stages:
         names = [g.name for op in stage_backward(w.model, w.layout, s.stage) for g in op.grads]
@@ -51,6 +52,21 @@ def test_every_tensor_in_exactly_one_bucket_and_never_split() -> None:
         assert sorted(bucketed) == sorted(names)
     # fc1 (1024 x 4096 / tp2 x 4 B = 8 MB) already reaches the threshold: a bucket of its own.
     assert any(b.tensors[0].endswith("fc1") and b.nbytes >= 8 * MB for b in p.stages[0].buckets)
+
+
+def test_params_weighting_closes_buckets_at_layer_boundaries_as_the_engine_does() -> None:
+    """A layer of SMALL holds 12 x 1024^2 / tp2 x 4 B = 24 MB (plus its norms): any intra
+    threshold up to that gives one bucket per layer, so the same predicted step."""
+    w = small()
+    preds = [predict_step(w, Thresholds(t * MB, 8 * MB)) for t in (1, 4, 16, 24)]
+    for p in preds:
+        for b in p.stages[0].buckets:
+            assert len({t.split(".")[0] for t in b.tensors if t.startswith("layer")}) <= 1
+    assert len({p.step_time_s for p in preds}) == 1
+    two_layers = predict_step(w, Thresholds(25 * MB, 8 * MB))
+    assert len(two_layers.stages[0].buckets) < len(preds[0].stages[0].buckets)
+    none = predict_step(small(weighting="none"), Thresholds(1 * MB, 8 * MB))
+    assert len(none.stages[0].buckets) > len(preds[0].stages[0].buckets)
 
 
 def test_tiny_bandwidth_makes_comm_dominate() -> None:
@@ -148,7 +164,7 @@ def test_pipelined_hops_follow_the_two_channel_recurrence_by_hand() -> None:
     One channel: everything of a bucket after the previous bucket's end."""
     from megatron_lgs.lgs.costmodel import hierarchical_allreduce, reduce_scatter_time
 
-    w = small()
+    w = small(weighting="none")  # the one-channel systems' rule, so both see the same buckets
     th = Thresholds(8 * MB, 8 * MB)
     piped, serial = predict_step(w, th), predict_step(w, th, pipelined_hops=False)
     g, m = w.layout.group_shape("dense")

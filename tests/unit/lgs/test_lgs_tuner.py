@@ -175,6 +175,21 @@ def test_done_tuner_keeps_its_choice_and_logs_decisions():
     assert line.startswith("lgs-autotune intra up: 32 -> 64 MB accepted")
 
 
+def test_the_inter_level_searches_its_own_range():
+    """Inter caps of 1-8 MB beside intra thresholds of 8-64 MB: the inter search stays in its
+    range, here ending at its top, and the intra one in its own."""
+    config = TunerConfig(min_mb=8, max_mb=64, inter_min_mb=1, inter_max_mb=8)
+    tuner = ThresholdTuner((16.0, 2.0), config)
+    ran = drive(tuner, bowl, seed=3)
+    assert all(8 <= i <= 64 and 1 <= e <= 8 for _, (i, e) in ran)
+    assert tuner.best == (64.0, 8.0)
+    assert any(e < 8 for _, (_, e) in ran)
+    with pytest.raises(ValueError, match="outside"):
+        ThresholdTuner((16.0, 16.0), config)
+    with pytest.raises(ValueError, match="inter level"):
+        TunerConfig(inter_min_mb=8, inter_max_mb=4)
+
+
 def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match="outside"):
         ThresholdTuner((4.0, 32.0))
