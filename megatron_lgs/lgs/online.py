@@ -44,6 +44,17 @@ def start_thresholds(cfg, engine: LgsEngine, log: Callable[[str], None]) -> None
         + ("" if rec.fits_memory else "; no threshold fits the memory wall, smallest kept"))
 
 
+def _same_buffers_everywhere(engine: LgsEngine) -> bool:
+    """Whether every rank groups the same gradients (collective): only then can rank 0's plans
+    tell for all whether a threshold changes anything (with pipeline or expert parallelism the
+    ranks hold different layers)."""
+    mine = [(bs.key, bs.levels.nodes, bs.levels.per_node,
+             [(u.layer, u.units, u.unit_bytes) for u in bs.units]) for bs in engine.buffers]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return all(x == everyone[0] for x in everyone)
+
+
 class OnlineTuning:
     """The auto-tuner around an engine: ask before a step, report after it."""
 
@@ -57,7 +68,11 @@ class OnlineTuning:
                                   inter_max_mb=lgs.lgs_autotune_inter_max_mb)
         start = tuple(min(max(mb, self.config.bounds(level)[0]), self.config.bounds(level)[1])
                       for level, mb in enumerate(engine.thresholds_mb()))
-        self.tuner = ThresholdTuner(start, self.config) if dist.get_rank() == 0 else None
+        everywhere = _same_buffers_everywhere(engine)
+        self.tuner = ThresholdTuner(
+            start, self.config,
+            (lambda a, b: engine.plan_key(*a) == engine.plan_key(*b)) if everywhere else None,
+        ) if dist.get_rank() == 0 else None
         self.done = False
 
     def before_step(self) -> None:

@@ -40,7 +40,15 @@ import torch.distributed as dist
 from megatron_lgs.lgs import compress
 from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.finebuffer import BufferSync, FineBucket
-from megatron_lgs.lgs.plan import MB, PlanConfig, Unit, describe, layer_of, message_columns
+from megatron_lgs.lgs.plan import (
+    MB,
+    PlanConfig,
+    Unit,
+    describe,
+    layer_of,
+    make_plan,
+    message_columns,
+)
 from megatron_lgs.lgs.topology import Levels, build_levels, gpus_per_node, reduce_scatter
 from megatron_lgs.lgs.trace import SyncTrace
 
@@ -167,11 +175,27 @@ class LgsEngine:
         self._replan()
 
     # -- planning ------------------------------------------------------------------------------
-    def plan_config(self, levels: Levels) -> PlanConfig:
+    def plan_config(self, levels: Levels, intra_bytes: int | None = None,
+                    inter_bytes: int | None = None) -> PlanConfig:
         c = self.config
-        threshold = self.inter_bytes if levels.name == "inter" else self.intra_bytes
-        return PlanConfig(threshold, c.lgs_layer_weighting, self.memory_cap_bytes,
-                          c.lgs_split_large_tensors)
+        intra = self.intra_bytes if intra_bytes is None else intra_bytes
+        inter = self.inter_bytes if inter_bytes is None else inter_bytes
+        return PlanConfig(inter if levels.name == "inter" else intra, c.lgs_layer_weighting,
+                          self.memory_cap_bytes, c.lgs_split_large_tensors)
+
+    def plan_key(self, intra_mb: float, inter_mb: float) -> tuple:
+        """What this rank would run at those thresholds (each buffer's buckets and their
+        inter-node messages), without regrouping: equal keys, the same collectives."""
+        intra, inter = int(intra_mb * MB), int(inter_mb * MB)
+        key = []
+        for bs in self.buffers:
+            plan = make_plan(bs.units, self.plan_config(bs.levels, intra, inter),
+                             self._backward_seconds)
+            for b in plan.buckets:
+                width = sum(s.hi - s.lo for s in b.segments)
+                msgs = tuple(self._inter_pieces(bs, width, inter)) if bs.levels.nodes > 1 else ()
+                key.append((bs.key, b.segments, msgs))
+        return tuple(key)
 
     def thresholds_mb(self) -> tuple[float, float]:
         return self.intra_bytes / MB, self.inter_bytes / MB
@@ -391,10 +415,12 @@ class LgsEngine:
             bs.fine[s.unit].write(bs.levels.size, s.lo, s.hi, values[:, off:off + w], row)
             off += w
 
-    def _inter_pieces(self, bs: BufferSync, width: int) -> list[tuple[int, int]]:
+    def _inter_pieces(self, bs: BufferSync, width: int,
+                      inter_bytes: int | None = None) -> list[tuple[int, int]]:
         block = self.config.lgs_compress_block if self.config.lgs_compress == "int8" else 1
         column_bytes = bs.levels.nodes * bs.fine[0].bucket.grad_data.element_size()
-        return message_columns(width, column_bytes, self.inter_bytes, block)
+        return message_columns(width, column_bytes,
+                               self.inter_bytes if inter_bytes is None else inter_bytes, block)
 
     def _inter(self, bs: BufferSync, piece: torch.Tensor, send_res: torch.Tensor | None = None,
                gather_res: torch.Tensor | None = None) -> torch.Tensor:

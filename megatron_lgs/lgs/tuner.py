@@ -19,6 +19,11 @@ by > 3% and the loss differs by < 0.5%"):
   position of the next trial) differ by less than `loss_margin` (relative; a non-finite loss
   never passes). A move needs evidence: going up, a tie keeps the smaller threshold; going
   down it keeps the incumbent, so a flat response plus noise never moves the tuner.
+- Doublings that would run the incumbent's very collectives (a `same_plan` the trainer passes:
+  LGS closes buckets at layer boundaries, so every threshold below a layer's bytes is one plan,
+  and an inter cap above a bucket's shard changes nothing) are skipped, not trialled: comparing
+  a plan with itself only measures noise, and would end the direction before a doubling that
+  does change the plan.
 - An accepted candidate becomes the incumbent and the search continues the same way; a rejected
   one ends that direction (gains saturated). Step time against threshold is taken to be
   U-shaped (latency on the left, an exposed tail on the right): once the upward search has moved,
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 LEVELS = ("intra", "inter")
@@ -75,8 +81,11 @@ class TunerConfig:
 class ThresholdTuner:
     """Doubling search over (intra_mb, inter_mb); see the module docstring."""
 
-    def __init__(self, start: tuple[float, float], config: TunerConfig = TunerConfig()) -> None:
+    def __init__(self, start: tuple[float, float], config: TunerConfig = TunerConfig(),
+                 same_plan: Callable[[tuple[float, float], tuple[float, float]], bool]
+                 | None = None) -> None:
         self.config = config
+        self._same_plan = same_plan
         for level, (name, mb) in enumerate(zip(LEVELS, start, strict=True)):
             lo, hi = config.bounds(level)
             if not lo <= mb <= hi:
@@ -218,17 +227,23 @@ class ThresholdTuner:
     def _next_candidate(self) -> float | None:
         """The next threshold to try at the current level, moving on when a level is spent."""
         while not self.done:
-            cur = self._best[self._level]
             lo, hi = self.config.bounds(self._level)
-            if self._direction == "up":
-                if cur * 2 <= hi:
-                    return cur * 2
-                self._end_direction()
-                continue
-            if cur / 2 >= lo:
-                return cur / 2
+            factor = 2.0 if self._direction == "up" else 0.5
+            candidate = self._best[self._level] * factor
+            while lo <= candidate <= hi and self._same(candidate):
+                candidate *= factor
+            if lo <= candidate <= hi:
+                return candidate
             self._end_direction()
         return None
+
+    def _same(self, candidate: float) -> bool:
+        """The candidate threshold of the current level runs the incumbent's plan."""
+        if self._same_plan is None:
+            return False
+        other = list(self._best)
+        other[self._level] = candidate
+        return self._same_plan((other[0], other[1]), self.best)
 
     def _end_direction(self) -> None:
         if self._direction == "up" and not self._moved:

@@ -135,6 +135,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             initialize.set_seeds(cfg.training.seed)
             [models[name]] = wrap_ddp(c, [build_model(c, platform, 512)], log=lambda _: None)
         engine = models["lgs"].lgs
+        key = engine.plan_key
         steps = []
         for step in range(2):
             for ddp in models.values():
@@ -156,6 +157,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 "levels": engine.buffers[0].levels.name,
                 "layers": [list(b.layers) for b in engine.buffers[0].plan.buckets],
                 "predicted_layers": _predicted_layers(cfg),
+                # Both intra thresholds under a layer's 0.2 MB; then a smaller inter cap.
+                "same_plan_under_a_layer": key(0.05, 0.02) == key(0.1, 0.02),
+                "same_plan_smaller_cap": key(0.05, 0.02) == key(0.05, 0.01),
             })
         results[case] = steps
     results["reduce-scatter equals megatron's"] = _reduce_scatter_matches_megatron(rank)
@@ -215,6 +219,14 @@ def test_cost_model_buckets_are_the_engines(results, case):
     step = results[case][0][0]
     assert len(step["layers"]) > 1
     assert layers(step["predicted_layers"]) == layers(step["layers"])
+
+
+@pytest.mark.parametrize("case", ["plain, weighting none", "plain, weighting params",
+                                  "distopt, weighting params"])
+def test_plan_key_tells_which_thresholds_change_the_collectives(results, case):
+    step = results[case][0][0]
+    assert step["same_plan_under_a_layer"] == ("params" in case)
+    assert not step["same_plan_smaller_cap"]
 
 
 def test_split_large_tensors_makes_more_buckets(results):

@@ -190,6 +190,30 @@ def test_the_inter_level_searches_its_own_range():
         TunerConfig(inter_min_mb=8, inter_max_mb=4)
 
 
+def test_doublings_that_keep_the_plan_are_skipped_not_trialled():
+    """Intra thresholds change the plan only every 4x (8, 32, 128: say, buckets close at
+    layer boundaries); the step is fastest at 128. Trialling 16 against 8 compares a plan with
+    itself, finds no gain and ends the search at 8; told which doublings keep the plan, the
+    tuner goes 8 -> 32 -> 128."""
+    def plan(mb: float) -> int:
+        return int(math.log2(mb) - 3) // 2
+
+    def step(th: tuple[float, float]) -> float:
+        return 1.0 - 0.1 * plan(th[0])
+
+    def same(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return plan(a[0]) == plan(b[0]) and a[1] == b[1]
+
+    config = TunerConfig(min_mb=8, max_mb=256, inter_min_mb=32, inter_max_mb=32)
+    blind = ThresholdTuner((8.0, 32.0), config)
+    drive(blind, step, seed=1)
+    assert blind.best == (8.0, 32.0)
+    told = ThresholdTuner((8.0, 32.0), config, same_plan=same)
+    ran = drive(told, step, seed=1)
+    assert told.best == (128.0, 32.0)
+    assert {i for _, (i, _) in ran} == {8.0, 32.0, 128.0}
+
+
 def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match="outside"):
         ThresholdTuner((4.0, 32.0))
