@@ -50,7 +50,10 @@ from lgs_emulated import (
 
 SCHEMES = ("a no-overlap", "b megatron", "c megatron-best", "d 2-level", "e LGS model",
            "f LGS tuned", "g LGS int8")
-GRID_MB = [1, 2, 4, 8, 16, 32]
+# The cost model's pick and the tuner's range, per level. LGS closes buckets at layer
+# boundaries, so intra thresholds under a layer's bytes are one plan (the tuner skips them).
+INTRA_GRID_MB = [1, 2, 4, 8, 16, 32, 64]
+INTER_GRID_MB = [1, 2, 4, 8, 16]
 
 
 # -- worker (one rank) --------------------------------------------------------------------------
@@ -79,9 +82,11 @@ def worker(a: argparse.Namespace) -> None:
     hw, meas = w.calibrate(per_node)
     overlap = replace(cfg.optim, overlap_grad_reduce=True)
     lgs_cfg = replace(cfg, lgs=replace(cfg.lgs, lgs=True, lgs_autotune=True,
-                                       lgs_autotune_min_mb=min(GRID_MB),
-                                       lgs_autotune_max_mb=max(GRID_MB)))
-    rec = recommend(workload_for_config(lgs_cfg, per_node, hw), GRID_MB)
+                                       lgs_autotune_min_mb=min(INTRA_GRID_MB),
+                                       lgs_autotune_max_mb=max(INTRA_GRID_MB),
+                                       lgs_autotune_inter_min_mb=min(INTER_GRID_MB),
+                                       lgs_autotune_inter_max_mb=max(INTER_GRID_MB)))
+    rec = recommend(workload_for_config(lgs_cfg, per_node, hw), INTRA_GRID_MB, INTER_GRID_MB)
     lgs_cfg = replace(lgs_cfg, lgs=replace(lgs_cfg.lgs, lgs_intra_threshold_mb=rec.intra_mb,
                                            lgs_inter_threshold_mb=rec.inter_mb))
     models = {"a no-overlap": w.build(cfg), "b megatron": w.build(replace(cfg, optim=overlap))}
