@@ -52,6 +52,13 @@ def explain(w: Workload, r: GridResult) -> list[str]:
     if g == 1:
         lines.append("TP fills the node, so no DP traffic stays inside it: the intra threshold "
                      "only groups tensors, and every byte crosses the inter-node link.")
+    column = [p for p in r.predictions
+              if p.thresholds.inter_bytes == r.best.thresholds.inter_bytes]
+    plans = {tuple(b.tensors for s in p.stages for b in s.buckets) for p in column}
+    if w.weighting != "none" and len(plans) < len(column):
+        lines.append(f"buckets close at layer boundaries (--lgs-layer-weighting {w.weighting}): "
+                     f"the grid's {len(column)} intra thresholds make {len(plans)} different "
+                     f"plan(s), a layer's gradients exceeding the rest; ties go to the smallest.")
     if crit.comm_s > bwd:
         lines.append("communication-bound: sync outlasts the last backward, so fewer, larger "
                      "messages (less latency) win and the smallest tail matters little.")
