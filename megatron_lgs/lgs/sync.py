@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from megatron_lgs.lgs.plan import (
 )
 from megatron_lgs.lgs.topology import Levels, build_levels, gpus_per_node, reduce_scatter
 from megatron_lgs.lgs.trace import SyncTrace
+from megatron_lgs.lgs.workers import HOPS, first_error, worker
 
 MEGATRON_CORE_VERSION = "0.16.1"  # install() relies on this version's DDP internals
 
@@ -68,50 +68,6 @@ class StepStats:
     peak_inflight_bytes: int = 0
     fires: dict[str, int] = field(default_factory=dict)  # "buffer/bucket" -> times fired
     ignored_ready: int = 0  # grad-ready signals outside the last micro-batch (no_sync)
-
-
-# -- the communication threads ------------------------------------------------------------------
-class _Worker:
-    """A FIFO communication thread, one per hop and process, shared by every engine: each
-    group's collectives then run in the same order on every rank, whatever the number of model
-    chunks. A job may return a follow-up (worker, job) that inherits its `done`: a bucket's
-    intra-node hop hands it to the inter-node thread, so bucket k crosses the slow link while
-    bucket k+1 is reduced inside the node."""
-
-    def __init__(self, hop: str) -> None:
-        self.jobs: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"lgs-{hop}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            job, done = self.jobs.get()
-            follow = None
-            try:
-                if _error() is None:
-                    follow = job()
-            except BaseException as exc:  # surfaced on the training thread in finish()
-                self.error = exc
-            if follow is None:
-                done()
-            else:
-                worker, next_job = follow
-                worker.jobs.put((next_job, done))
-
-
-_WORKERS: dict[str, _Worker] = {}
-HOPS = ("intra-node", "inter-node")
-
-
-def _worker(hop: str) -> _Worker:
-    if hop not in _WORKERS:
-        _WORKERS[hop] = _Worker(hop)
-    return _WORKERS[hop]
-
-
-def _error() -> BaseException | None:
-    return next((w.error for w in _WORKERS.values() if w.error is not None), None)
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -261,8 +217,8 @@ class LgsEngine:
         for stream in self.streams.values():
             torch.cuda.current_stream().wait_stream(stream)
         self.stats.exposed_seconds += time.perf_counter() - started
-        if _error() is not None:
-            raise RuntimeError("LGS gradient sync failed") from _error()
+        if first_error() is not None:
+            raise RuntimeError("LGS gradient sync failed") from first_error()
         if self._golden is None:
             self._golden = dict(self._counts)
             if self.config.lgs_layer_weighting == "measured":
@@ -322,7 +278,7 @@ class LgsEngine:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-        _worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready), done))
+        worker("intra-node").jobs.put((lambda: self._intra_hop(bs, k, ready), done))
 
     # -- the reduction (communication threads) --------------------------------------------------
     def _on_stream(self, hop: str, wait_for):
@@ -368,7 +324,7 @@ class LgsEngine:
             if self.cuda:
                 handoff = torch.cuda.Event()
                 handoff.record()
-        return _worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
+        return worker("inter-node"), lambda: self._inter_hop(bs, k, part, handoff)
 
     def _inter_hop(self, bs: BufferSync, k: int, part: torch.Tensor, handoff) -> None:
         """2. The inter-node hop, in messages of at most the inter threshold; 3. (plain DDP)
