@@ -21,6 +21,7 @@ from megatron_lgs.lgs.config import COMPRESSIONS, LgsConfig
 from megatron_lgs.lgs.costmodel import PROFILES
 from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.plan import WEIGHTINGS
+from megatron_lgs.lgs.tuner import TunerConfig
 from megatron_lgs.stability import StabilityConfig
 
 
@@ -664,13 +665,13 @@ def _validate_lgs(cfg: Config) -> None:
                           "megatron_lgs.lgs.calibrate --out FILE ...) and pass the file")
     if not 0 < lgs.lgs_autotune_min_mb <= lgs.lgs_autotune_max_mb:
         raise ConfigError("--lgs-autotune-min-mb must be > 0 and <= --lgs-autotune-max-mb")
-    inter_lo, inter_hi = (lgs.lgs_autotune_min_mb if lgs.lgs_autotune_inter_min_mb is None
-                          else lgs.lgs_autotune_inter_min_mb,
-                          lgs.lgs_autotune_max_mb if lgs.lgs_autotune_inter_max_mb is None
-                          else lgs.lgs_autotune_inter_max_mb)
-    if not 0 < inter_lo <= inter_hi:
+    try:  # the tuner's own check of both ranges (the inter one defaults to the intra one)
+        TunerConfig(min_mb=lgs.lgs_autotune_min_mb, max_mb=lgs.lgs_autotune_max_mb,
+                    inter_min_mb=lgs.lgs_autotune_inter_min_mb,
+                    inter_max_mb=lgs.lgs_autotune_inter_max_mb)
+    except ValueError:
         raise ConfigError("--lgs-autotune-inter-min-mb must be > 0 and <= "
-                          "--lgs-autotune-inter-max-mb (defaults: the intra range)")
+                          "--lgs-autotune-inter-max-mb (defaults: the intra range)") from None
     if not 0 <= lgs.lgs_autotune_throughput_margin < 1 or lgs.lgs_autotune_loss_margin < 0:
         raise ConfigError("--lgs-autotune-throughput-margin must be in [0, 1) and "
                           "--lgs-autotune-loss-margin >= 0")

@@ -66,8 +66,9 @@ class OnlineTuning:
                                   loss_margin=lgs.lgs_autotune_loss_margin,
                                   inter_min_mb=lgs.lgs_autotune_inter_min_mb,
                                   inter_max_mb=lgs.lgs_autotune_inter_max_mb)
-        start = tuple(min(max(mb, self.config.bounds(level)[0]), self.config.bounds(level)[1])
-                      for level, mb in enumerate(engine.thresholds_mb()))
+        bounds = [self.config.bounds(level) for level in range(2)]
+        start = tuple(min(max(mb, lo), hi)
+                      for mb, (lo, hi) in zip(engine.thresholds_mb(), bounds, strict=True))
         everywhere = _same_buffers_everywhere(engine)
         self.tuner = ThresholdTuner(
             start, self.config,
