@@ -14,9 +14,18 @@ fitted to a training run. Sources:
   NVLink 4 900 GB/s total; 132 SMs (Hopper whitepaper, H100 SXM5). H800 SXM: the same chip
   with NVLink cut to 400 GB/s total; H200: the same chip with HBM3e.
 - [H200] NVIDIA H200 data sheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s.
-- [MAMF] S. Bekman, "Machine Learning Engineering", compute/accelerator: maximum achievable
-  matmul FLOP/s measured over a sweep of GEMM shapes: A100 SXM BF16 267.9 TFLOP/s (86% of
-  peak), H100 SXM BF16 792.1 (80%). REFERENCE.md: ~790 TFLOP/s by matmuls on H200.
+- [MSMF] S. Bekman, "Machine Learning Engineering", compute/accelerator/benchmarks (mamf-finder,
+  2026 version, "How MAMF and MSMF are defined"): the maximum *sustainable* matmul FLOP/s, the
+  rate a shape holds over a timed window after the clock has settled under full load ("the
+  steady rate under full load, which matches real training throughput"), against the maximum
+  *achievable* burst at the boost clock (MAMF). H200 BF16, five runs: MSMF 743-746 TFLOP/s
+  (75% of 989), MAMF 843-850. H100 SXM is the same chip at the same 700 W (the table's "H200 is
+  the same"); its published MAMF, 792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s
+  by matmuls on H200.
+- [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
+  Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
+  with zeros 295: the chip is power-limited on random data. No sustained sweep of A100 is
+  published; this is its sustained rate on the largest common shape (MAMF's burst: 268-271).
 - [REF] /work/shared/REFERENCE.md "Typical links": NVLink a few us per hop, InfiniBand
   10-20 us; NCCL bus bandwidth H100 NVLink ~370 GB/s; HDR ~24 GB/s and NDR ~46-48 GB/s per NIC.
 - [DSV3] DeepSeek-V3 technical report, sec. 3.2.1: H800 NVLink 160 GB/s, InfiniBand
@@ -43,8 +52,9 @@ HBM_EFFICIENCY = 0.85  # [STREAM]
 # GEMM efficiency falls as any dimension approaches the width of the GEMM kernels' tiles:
 # eff(d) = d / (d + GEMM_HALF_DIM) per dimension, with GEMM_HALF_DIM the 128-wide threadblock
 # tile of the BF16 kernels cuBLAS/CUTLASS pick on Ampere and Hopper (a dimension of one tile
-# runs at half speed, 4096 at 97%); the same curve on every GPU, its ceiling per profile from
-# [MAMF].
+# runs at half speed, 4096 at 97%); the same curve on every GPU. Its ceiling per profile is the
+# best *sustained* matmul rate measured ([MSMF], [POWER]), not the burst: a training step is
+# minutes of back-to-back GEMMs at the power limit.
 GEMM_HALF_DIM = 128.0
 # Host time to issue one kernel from PyTorch eager (Python, autograd and ATen dispatch plus
 # cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
@@ -59,7 +69,7 @@ class GpuProfile:
     name: str
     peak_tflops: float  # dense BF16 (FP16 on V100): the MFU denominator
     fp8_tflops: float | None  # dense FP8; None: no FP8 tensor cores
-    gemm_max_efficiency: float  # largest-GEMM fraction of peak [MAMF]
+    gemm_max_efficiency: float  # sustained large-GEMM fraction of peak [MSMF][POWER]
     attention_efficiency: float  # fused (flash) attention fwd+bwd fraction of peak [FA2][FA3]
     memory_gb: float
     hbm_gbps: float  # data-sheet HBM bandwidth, GB/s
@@ -75,21 +85,21 @@ class GpuProfile:
 
 
 GPUS: dict[str, GpuProfile] = {
-    # V100: no BF16 (FP16 only); no published MAMF sweep we could cite, so A100's 86% ceiling
-    # (an assumption). FlashAttention does not run on Volta (runs default to unfused attention);
+    # V100: no BF16 (FP16 only); no published matmul sweep we could cite, so A100's sustained
+    # 82% (an assumption). FlashAttention does not run on Volta (runs default to unfused attention);
     # its 40% applies only to a run that sets flash_attention true, and is an assumption too.
     # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
     # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
-    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, 0.86, 0.40, 32.0, 900.0, 120.0, 50.0,
+    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, 0.824, 0.40, 32.0, 900.0, 120.0, 50.0,
                             80, bf16=False),
     # A100: NVLink 3 busbw 0.8 x 300 GB/s per direction; DGX A100 has one HDR 200 Gb/s per GPU.
-    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.86, 0.60, 40.0, 1555.0, 240.0, 200.0, 108),
-    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.86, 0.60, 80.0, 2039.0, 240.0, 200.0, 108),
+    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.824, 0.60, 40.0, 1555.0, 240.0, 200.0, 108),
+    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.824, 0.60, 80.0, 2039.0, 240.0, 200.0, 108),
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
-    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 370.0, 400.0, 132),
-    "h800": GpuProfile("h800", 989.0, 1979.0, 0.80, 0.50, 80.0, 3350.0, 160.0, 400.0, 132),
-    "h200": GpuProfile("h200", 989.0, 1979.0, 0.80, 0.50, 141.0, 4800.0, 370.0, 400.0, 132),
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 370.0, 400.0, 132),
+    "h800": GpuProfile("h800", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 160.0, 400.0, 132),
+    "h200": GpuProfile("h200", 989.0, 1979.0, 0.753, 0.50, 141.0, 4800.0, 370.0, 400.0, 132),
 }
 
 
@@ -116,5 +126,5 @@ def link_profile(gpu: GpuProfile, gpus_per_node: int = 8,
         gpus_per_node=gpus_per_node,
         peak_flops=gpu.peak_tflops * 1e12,
         memory_bytes=gpu.memory_gb * GB,
-        source="megatron_lgs/lgs/gpus.py (data sheets, [MAMF], [REF], [DSV3])",
+        source="megatron_lgs/lgs/gpus.py (data sheets, [MSMF], [POWER], [REF], [DSV3])",
     )
