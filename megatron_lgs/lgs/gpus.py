@@ -21,7 +21,7 @@ fitted to a training run. Sources:
   *achievable* burst at the boost clock (MAMF). H200 BF16, five runs: MSMF 743-746 TFLOP/s
   (75% of 989), MAMF 843-850. H100 SXM is the same chip at the same 700 W (the table's "H200 is
   the same"); its published MAMF, 792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s
-  by matmuls on H200.
+  by matmuls on H200. FP8 (e4m3), same runs: MSMF about 1330-1337 of 1979 (67.5%).
 - [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
   Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
   with zeros 295: the chip is power-limited on random data. No sustained sweep of A100 is
@@ -77,11 +77,18 @@ class GpuProfile:
     nic_gbit_per_gpu: float  # the usual inter-node fabric, Gb/s per GPU
     sm_count: int  # streaming multiprocessors [V100][A100][H100]
     bf16: bool = True
+    fp8_max_efficiency: float | None = None  # sustained FP8 fraction of fp8_tflops [MSMF]
 
     def gemm_tflops(self, precision: str) -> float:
         if precision == "fp8" and self.fp8_tflops:
             return self.fp8_tflops
         return self.peak_tflops
+
+    def gemm_ceiling(self, precision: str) -> float:
+        """Sustained large-GEMM fraction of `gemm_tflops(precision)`."""
+        if precision == "fp8" and self.fp8_tflops and self.fp8_max_efficiency:
+            return self.fp8_max_efficiency
+        return self.gemm_max_efficiency
 
 
 GPUS: dict[str, GpuProfile] = {
@@ -97,9 +104,12 @@ GPUS: dict[str, GpuProfile] = {
     "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.824, 0.60, 80.0, 2039.0, 240.0, 200.0, 108),
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
-    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 370.0, 400.0, 132),
-    "h800": GpuProfile("h800", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 160.0, 400.0, 132),
-    "h200": GpuProfile("h200", 989.0, 1979.0, 0.753, 0.50, 141.0, 4800.0, 370.0, 400.0, 132),
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 370.0, 400.0, 132,
+                        fp8_max_efficiency=0.675),
+    "h800": GpuProfile("h800", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 160.0, 400.0, 132,
+                        fp8_max_efficiency=0.675),
+    "h200": GpuProfile("h200", 989.0, 1979.0, 0.753, 0.50, 141.0, 4800.0, 370.0, 400.0, 132,
+                        fp8_max_efficiency=0.675),
 }
 
 

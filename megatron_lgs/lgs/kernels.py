@@ -11,16 +11,17 @@ from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, GpuProfile
 GB = 1e9
 
 
-def gemm_efficiency(m: float, n: float, k: float, gpu: GpuProfile) -> float:
-    """Fraction of peak a GEMM of (m x k) @ (k x n) reaches when compute-bound.
+def gemm_efficiency(m: float, n: float, k: float, gpu: GpuProfile,
+                    precision: str = "bf16") -> float:
+    """Fraction of the precision's peak a GEMM of (m x k) @ (k x n) reaches when compute-bound.
 
     Each dimension d costs a factor d / (d + GEMM_HALF_DIM) (under-filled tiles and waves at
-    small d), times the profile's ceiling measured on large GEMMs.
+    small d), times the profile's sustained ceiling measured on large GEMMs.
     """
     f = 1.0
     for d in (m, n, k):
         f *= d / (d + GEMM_HALF_DIM)
-    return gpu.gemm_max_efficiency * f
+    return gpu.gemm_ceiling(precision) * f
 
 
 def gemm_time(m: float, n: float, k: float, gpu: GpuProfile, precision: str,
@@ -30,7 +31,8 @@ def gemm_time(m: float, n: float, k: float, gpu: GpuProfile, precision: str,
         return 0.0
     flops = 2.0 * m * n * k
     width = 1.0 if precision == "fp8" else 2.0
-    compute = flops / (gpu.gemm_tflops(precision) * 1e12 * gemm_efficiency(m, n, k, gpu))
+    compute = flops / (gpu.gemm_tflops(precision) * 1e12
+                       * gemm_efficiency(m, n, k, gpu, precision))
     traffic = width * (m * k + k * n) + 2.0 * m * n
     memory = traffic / (gpu.hbm_gbps * GB * HBM_EFFICIENCY)
     return count * max(compute, memory)

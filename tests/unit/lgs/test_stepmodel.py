@@ -47,6 +47,17 @@ def test_gemm_roofline_by_hand() -> None:
     assert t == pytest.approx(2 * (8 * 8192 + 8192 * 8192 + 8 * 8192) / (2039e9 * HBM_EFFICIENCY))
 
 
+def test_fp8_gemm_runs_at_its_own_sustained_ceiling() -> None:
+    """FP8 has its own measured ceiling (67.5% of 1,979 on Hopper, `gpus` [MSMF]), not BF16's."""
+    h100 = get_gpu("h100-sxm")
+    m = n = k = 8192
+    shape = (8192 / (8192 + GEMM_HALF_DIM)) ** 3
+    assert gemm_efficiency(m, n, k, h100, "fp8") == pytest.approx(0.675 * shape)
+    fp8, bf16 = gemm_time(m, n, k, h100, "fp8"), gemm_time(m, n, k, h100, "bf16")
+    assert fp8 == pytest.approx(2 * m * n * k / (1979e12 * 0.675 * shape))
+    assert bf16 / fp8 == pytest.approx(1979 * 0.675 / (989 * 0.753))
+
+
 def test_gemm_curve_against_published_h100_measurements() -> None:
     """Cross-check of the H100 curve (not a fit): OpenXLA's default H100 (sm_90) BF16 matmul
     table (xla/service/gpu/model/matmul_interpolator_data.h, 2025) measured these single-GPU
