@@ -105,11 +105,11 @@ GPUS: dict[str, GpuProfile] = {
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
     "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 370.0, 400.0, 132,
-                        fp8_max_efficiency=0.675),
+                           fp8_max_efficiency=0.675),
     "h800": GpuProfile("h800", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 160.0, 400.0, 132,
-                        fp8_max_efficiency=0.675),
+                       fp8_max_efficiency=0.675),
     "h200": GpuProfile("h200", 989.0, 1979.0, 0.753, 0.50, 141.0, 4800.0, 370.0, 400.0, 132,
-                        fp8_max_efficiency=0.675),
+                       fp8_max_efficiency=0.675),
 }
 
 
