@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_lgs.lgs.flops import flops_with_full_recompute  # noqa: E402
-from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
+from megatron_lgs.lgs.runspec import RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
 from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
@@ -155,7 +155,7 @@ def megatron_h100_rows() -> list[dict]:
     for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in MEGATRON_H100_RUNS:
         rows.append({
             "source": MEGATRON_H100, "published": tflops, "metric": "TFLOP/s/GPU",
-            "vpp": "fastest",
+            "vpp": "fastest", "micro_batch": "not published",
             "run": {"id": f"megatron-h100-{name}", "gpu": "h100-sxm", "num_gpus": gpus,
                     "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 131072,
                     "seq_length": 4096, "tp": tp, "pp": pp, "micro_batch": 1,
@@ -203,6 +203,27 @@ def dominant_terms(est: StepEstimate, n: int = 3) -> str:
     return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
 
 
+def micro_batch_sensitivity(rows: list[dict], sizes: tuple[int, ...] = (1, 2, 4)) -> None:
+    """Where a source leaves the micro-batch size out, the error at each size that divides the
+    batch: how much of a row's error is the assumption."""
+    assumed = [row for row in rows if row.get("micro_batch") == "not published"]
+    if not assumed:
+        return
+    print("\n## micro-batch size not published (the rows above take 1): error at each size")
+    for row in assumed:
+        cells = []
+        for mbs in sizes:
+            run = {**row["run"], "micro_batch": mbs}
+            try:
+                run_from_dict(run)
+            except RunError:
+                continue
+            value, est = predicted({**row, "run": run})
+            fit = "" if est.fits_memory else " (does not fit)"
+            cells.append(f"mbs {mbs} {value / row['published'] - 1:+.1%}{fit}")
+        print(f"{row['run']['id']:<26} " + ", ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> list[float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="also write the rows and predictions here")
@@ -232,6 +253,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     print(f"\nrows {len(errors)}: median |error| {statistics.median(errors):.1%}, worst "
           f"{max(errors):.1%}  (targets: median <= 10%, worst <= 20%; '!' = predicted not to "
           "fit memory)")
+    micro_batch_sensitivity(published_rows())
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return errors
