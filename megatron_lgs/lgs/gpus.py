@@ -19,8 +19,10 @@ fitted to a training run. Sources:
   rate a shape holds over a timed window after the clock has settled under full load ("the
   steady rate under full load, which matches real training throughput"), against the maximum
   *achievable* burst at the boost clock (MAMF). H200 BF16, five runs: MSMF 743-746 TFLOP/s
-  (75% of 989), MAMF 843-850. H100 SXM is the same chip at the same 700 W (the table's "H200 is
-  the same"); its published MAMF, 792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s
+  (75% of 989), MAMF 843-850; on 8 H200s all computing at once the node's median GPU sustains
+  755 and its slowest 745, and a synchronous job runs at its slowest, so we take 745. H100 SXM
+  is the same chip at the same 700 W (the table's "H200 is the same"); its published MAMF,
+  792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s
   by matmuls on H200. FP8 (e4m3), same runs: MSMF about 1330-1337 of 1979 (67.5%).
 - [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
   Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
