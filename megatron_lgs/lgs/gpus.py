@@ -22,8 +22,8 @@ fitted to a training run. Sources:
   (75% of 989), MAMF 843-850; on 8 H200s all computing at once the node's median GPU sustains
   755 and its slowest 745, and a synchronous job runs at its slowest, so we take 745. H100 SXM
   is the same chip at the same 700 W (the table's "H200 is the same"); its published MAMF,
-  792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s
-  by matmuls on H200. FP8 (e4m3), same runs: MSMF about 1330-1337 of 1979 (67.5%).
+  792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s by matmuls on H200. FP8 (e4m3),
+  same runs: MSMF about 1330-1337 of 1979 (67.5%).
 - [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
   Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
   with zeros 295: the chip is power-limited on random data. No sustained sweep of A100 is
@@ -58,6 +58,9 @@ HBM_EFFICIENCY = 0.85  # [STREAM]
 # best *sustained* matmul rate measured ([MSMF], [POWER]), not the burst: a training step is
 # minutes of back-to-back GEMMs at the power limit.
 GEMM_HALF_DIM = 128.0
+# The sustained ceilings, rounded: Hopper BF16 745 / 989 and FP8 ~1335 / 1979 ([MSMF]), A100
+# 257 / 312 ([POWER]; V100 borrows it).
+HOPPER_BF16, HOPPER_FP8, AMPERE = 0.753, 0.675, 0.824
 # Host time to issue one kernel from PyTorch eager (Python, autograd and ATen dispatch plus
 # cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
 # launch is ~1-3 us; we take 10 us. Not GPU-specific; it binds only where kernels are short.
@@ -88,7 +91,7 @@ class GpuProfile:
 
     def gemm_ceiling(self, precision: str) -> float:
         """Sustained large-GEMM fraction of `gemm_tflops(precision)`."""
-        if precision == "fp8" and self.fp8_tflops and self.fp8_max_efficiency:
+        if precision == "fp8" and self.fp8_max_efficiency:
             return self.fp8_max_efficiency
         return self.gemm_max_efficiency
 
@@ -99,19 +102,21 @@ GPUS: dict[str, GpuProfile] = {
     # its 40% applies only to a run that sets flash_attention true, and is an assumption too.
     # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
     # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
-    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, 0.824, 0.40, 32.0, 900.0, 120.0, 50.0,
+    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, AMPERE, 0.40, 32.0, 900.0, 120.0, 50.0,
                             80, bf16=False),
     # A100: NVLink 3 busbw 0.8 x 300 GB/s per direction; DGX A100 has one HDR 200 Gb/s per GPU.
-    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, 0.824, 0.60, 40.0, 1555.0, 240.0, 200.0, 108),
-    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, 0.824, 0.60, 80.0, 2039.0, 240.0, 200.0, 108),
+    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, AMPERE, 0.60, 40.0, 1555.0, 240.0, 200.0,
+                            108),
+    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, AMPERE, 0.60, 80.0, 2039.0, 240.0, 200.0,
+                            108),
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
-    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 370.0, 400.0, 132,
-                           fp8_max_efficiency=0.675),
-    "h800": GpuProfile("h800", 989.0, 1979.0, 0.753, 0.50, 80.0, 3350.0, 160.0, 400.0, 132,
-                       fp8_max_efficiency=0.675),
-    "h200": GpuProfile("h200", 989.0, 1979.0, 0.753, 0.50, 141.0, 4800.0, 370.0, 400.0, 132,
-                       fp8_max_efficiency=0.675),
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, HOPPER_BF16, 0.50, 80.0, 3350.0, 370.0, 400.0,
+                           132, fp8_max_efficiency=HOPPER_FP8),
+    "h800": GpuProfile("h800", 989.0, 1979.0, HOPPER_BF16, 0.50, 80.0, 3350.0, 160.0, 400.0, 132,
+                       fp8_max_efficiency=HOPPER_FP8),
+    "h200": GpuProfile("h200", 989.0, 1979.0, HOPPER_BF16, 0.50, 141.0, 4800.0, 370.0, 400.0, 132,
+                       fp8_max_efficiency=HOPPER_FP8),
 }
 
 
