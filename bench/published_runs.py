@@ -203,24 +203,28 @@ def dominant_terms(est: StepEstimate, n: int = 3) -> str:
     return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
 
 
-def micro_batch_sensitivity(rows: list[dict], sizes: tuple[int, ...] = (1, 2, 4)) -> None:
+def micro_batch_sensitivity(out: list[dict], sizes: tuple[int, ...] = (1, 2, 4)) -> None:
     """Where a source leaves the micro-batch size out, the error at each size that divides the
-    batch: how much of a row's error is the assumption."""
-    assumed = [row for row in rows if row.get("micro_batch") == "not published"]
+    batch (the table's own size reused from `out`): how much of a row's error is the
+    assumption."""
+    assumed = [row for row in out if row.get("micro_batch") == "not published"]
     if not assumed:
         return
     print("\n## micro-batch size not published (the rows above take 1): error at each size")
     for row in assumed:
         cells = []
         for mbs in sizes:
-            run = {**row["run"], "micro_batch": mbs}
-            try:
-                run_from_dict(run)
-            except RunError:
-                continue
-            value, est = predicted({**row, "run": run})
-            fit = "" if est.fits_memory else " (does not fit)"
-            cells.append(f"mbs {mbs} {value / row['published'] - 1:+.1%}{fit}")
+            if mbs == row["run"]["micro_batch"]:
+                err, fits = row["relative_error"], row["fits_memory"]
+            else:
+                run = {**row["run"], "micro_batch": mbs}
+                try:
+                    run_from_dict(run)
+                except RunError:
+                    continue
+                value, est = predicted({**row, "run": run})
+                err, fits = value / row["published"] - 1, est.fits_memory
+            cells.append(f"mbs {mbs} {err:+.1%}" + ("" if fits else " (does not fit)"))
         print(f"{row['run']['id']:<26} " + ", ".join(cells))
 
 
@@ -249,11 +253,11 @@ def main(argv: list[str] | None = None) -> list[float]:
               f"{dominant_terms(est)}")
         out.append({**row, "predicted": value, "relative_error": err,
                     "vpp_used": r.vpp, "breakdown_s": est.breakdown,
-                    "step_time_s": est.step_time_s})
+                    "step_time_s": est.step_time_s, "fits_memory": est.fits_memory})
     print(f"\nrows {len(errors)}: median |error| {statistics.median(errors):.1%}, worst "
           f"{max(errors):.1%}  (targets: median <= 10%, worst <= 20%; '!' = predicted not to "
           "fit memory)")
-    micro_batch_sensitivity(published_rows())
+    micro_batch_sensitivity(out)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return errors
