@@ -65,9 +65,9 @@ MEGATRON_H100 = ("Megatron-LM README, 'Training Speed and Scalability' (Megatron
 # BF16 with Transformer Engine (fused attention), sequence parallelism, distributed optimizer,
 # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap (all stated in the README),
 # no recompute, vocabulary 131072, sequence 4096, GPT with a 4h GeLU MLP (the parameter counts
-# match). Micro-batch size is not published: 1. Virtual stages are not published: each row
-# takes the fastest the model predicts among those that divide its layers (the layout its
-# authors tuned), printed in the row.
+# match). Micro-batch size and virtual stages are not published: each row takes the fastest
+# combination the model predicts that fits memory (the layout its authors tuned), micro-batch
+# 1, 2, 4 or 8 and any virtual-stage count that divides the layers; both printed in the row.
 MEGATRON_H100_RUNS = [
     # name, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s per GPU (model FLOPs)
     ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
@@ -168,22 +168,41 @@ def published_rows() -> list[dict]:
     return narayanan_rows() + korthikanti_rows() + megatron_h100_rows()
 
 
-def _fastest_vpp(run: dict) -> StepEstimate:
-    base = run_from_dict(run)
+UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def _vpp_choices(run) -> list[int]:
+    per_stage = run.num_layers // run.pp
+    return [v for v in range(1, per_stage + 1) if per_stage % v == 0
+            and (v == 1 or (run.pp > 1 and run.num_micro_batches % run.pp == 0))]
+
+
+def _tuned(row: dict, micro_batches: tuple[int, ...]) -> StepEstimate:
+    """The fastest prediction over the knobs the source leaves out (micro-batch sizes among
+    `micro_batches`, and virtual stages where the row says "fastest"), preferring layouts
+    that fit memory."""
     best = None
-    per_stage = base.num_layers // base.pp
-    for v in range(1, per_stage + 1):
-        if per_stage % v or (v > 1 and (base.pp == 1 or base.num_micro_batches % base.pp)):
+    for mbs in micro_batches:
+        try:
+            base = run_from_dict({**row["run"], "micro_batch": mbs})
+        except RunError:
             continue
-        est = predict_run(replace(base, vpp=v))
-        if best is None or est.step_time_s < best.step_time_s:
-            best = est
+        for v in _vpp_choices(base) if row.get("vpp") == "fastest" else [base.vpp]:
+            est = predict_run(replace(base, vpp=v))
+            if best is None or (est.fits_memory, -est.step_time_s) > (best.fits_memory,
+                                                                      -best.step_time_s):
+                best = est
     return best
 
 
-def predicted(row: dict) -> tuple[float, StepEstimate]:
-    if row.get("vpp") == "fastest":
-        est = _fastest_vpp(row["run"])
+def predicted(row: dict, micro_batches: tuple[int, ...] | None = None
+              ) -> tuple[float, StepEstimate]:
+    """The row's predicted metric and estimate; `micro_batches` overrides the sizes an
+    unpublished micro-batch is chosen from."""
+    if micro_batches is None and row.get("micro_batch") == "not published":
+        micro_batches = UNPUBLISHED_MICRO_BATCHES
+    if micro_batches is not None or row.get("vpp") == "fastest":
+        est = _tuned(row, micro_batches or (row["run"]["micro_batch"],))
     else:
         mb = row.get("bucket_mb")
         th = Thresholds(mb * MB, mb * MB) if mb else None
@@ -203,28 +222,25 @@ def dominant_terms(est: StepEstimate, n: int = 3) -> str:
     return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
 
 
-def micro_batch_sensitivity(out: list[dict], sizes: tuple[int, ...] = (1, 2, 4)) -> None:
-    """Where a source leaves the micro-batch size out, the error at each size that divides the
-    batch (the table's own size reused from `out`): how much of a row's error is the
-    assumption."""
+def micro_batch_sensitivity(out: list[dict]) -> None:
+    """Where a source leaves the micro-batch size out, the error at each size (virtual stages
+    still the fastest): how much of a row's error is the choice."""
     assumed = [row for row in out if row.get("micro_batch") == "not published"]
     if not assumed:
         return
-    print("\n## micro-batch size not published (the rows above take 1): error at each size")
+    print("\n## micro-batch size not published (the rows above take the fastest that fits): "
+          "error at each size")
     for row in assumed:
         cells = []
-        for mbs in sizes:
-            if mbs == row["run"]["micro_batch"]:
-                err, fits = row["relative_error"], row["fits_memory"]
-            else:
-                run = {**row["run"], "micro_batch": mbs}
-                try:
-                    run_from_dict(run)
-                except RunError:
-                    continue
-                value, est = predicted({**row, "run": run})
-                err, fits = value / row["published"] - 1, est.fits_memory
-            cells.append(f"mbs {mbs} {err:+.1%}" + ("" if fits else " (does not fit)"))
+        for mbs in UNPUBLISHED_MICRO_BATCHES:
+            try:
+                run_from_dict({**row["run"], "micro_batch": mbs})
+            except RunError:
+                continue
+            value, est = predicted(row, (mbs,))
+            used = "*" if mbs == row["micro_batch_used"] else ""
+            cells.append(f"mbs {mbs}{used} {value / row['published'] - 1:+.1%}"
+                         + ("" if est.fits_memory else " (does not fit)"))
         print(f"{row['run']['id']:<26} " + ", ".join(cells))
 
 
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     a = ap.parse_args(argv)
     print("# PREDICTION of the whole-step model (megatron_lgs/lgs/stepmodel.py) against "
           "published throughput")
-    head = (f"{'run':<26} {'layout':<18} {'published':>9} {'predicted':>9} {'error':>7} "
+    head = (f"{'run':<26} {'layout':<23} {'published':>9} {'predicted':>9} {'error':>7} "
             f"{'step s':>7} {'mem GB':>7}  largest terms")
     errors, out, source = [], [], None
     for row in published_rows():
@@ -246,13 +262,15 @@ def main(argv: list[str] | None = None) -> list[float]:
         r = est.run
         err = value / row["published"] - 1
         errors.append(abs(err))
-        lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" V{r.vpp}" if r.vpp > 1 else "")
+        lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" V{r.vpp}" if r.vpp > 1 else "") + (
+            f" mbs{r.micro_batch}" if row.get("micro_batch") == "not published" else "")
         fit = "" if est.fits_memory else "!"
-        print(f"{r.id:<26} {lay:<18} {row['published']:>9.4g} {value:>9.4g} {err:>+7.1%} "
+        print(f"{r.id:<26} {lay:<23} {row['published']:>9.4g} {value:>9.4g} {err:>+7.1%} "
               f"{est.step_time_s:>7.2f} {est.memory.peak_bytes / 1e9:>6.1f}{fit or ' '}  "
               f"{dominant_terms(est)}")
         out.append({**row, "predicted": value, "relative_error": err,
-                    "vpp_used": r.vpp, "breakdown_s": est.breakdown,
+                    "vpp_used": r.vpp, "micro_batch_used": r.micro_batch,
+                    "breakdown_s": est.breakdown,
                     "step_time_s": est.step_time_s, "fits_memory": est.fits_memory})
     print(f"\nrows {len(errors)}: median |error| {statistics.median(errors):.1%}, worst "
           f"{max(errors):.1%}  (targets: median <= 10%, worst <= 20%; '!' = predicted not to "

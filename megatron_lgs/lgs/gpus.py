@@ -14,16 +14,19 @@ fitted to a training run. Sources:
   NVLink 4 900 GB/s total; 132 SMs (Hopper whitepaper, H100 SXM5). H800 SXM: the same chip
   with NVLink cut to 400 GB/s total; H200: the same chip with HBM3e.
 - [H200] NVIDIA H200 data sheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s.
-- [MSMF] S. Bekman, "Machine Learning Engineering", compute/accelerator/benchmarks (mamf-finder,
-  2026 version, "How MAMF and MSMF are defined"): the maximum *sustainable* matmul FLOP/s, the
-  rate a shape holds over a timed window after the clock has settled under full load ("the
-  steady rate under full load, which matches real training throughput"), against the maximum
-  *achievable* burst at the boost clock (MAMF). H200 BF16, five runs: MSMF 743-746 TFLOP/s
-  (75% of 989), MAMF 843-850; on 8 H200s all computing at once the node's median GPU sustains
-  755 and its slowest 745, and a synchronous job runs at its slowest, so we take 745. H100 SXM
-  is the same chip at the same 700 W (the table's "H200 is the same"); its published MAMF,
-  792-795 (80%), is a burst figure. REFERENCE.md: ~790 TFLOP/s by matmuls on H200. FP8 (e4m3),
-  same runs: MSMF about 1330-1337 of 1979 (67.5%).
+- [MSMF] S. Bekman, "Machine Learning Engineering" (github.com/stas00/ml-engineering, commit
+  082816f of 2026-08-10, "faster mamf, plus msmf"), compute/accelerator/README.md, MAMF & MSMF
+  table, and benchmarks/README.md: the maximum *sustainable* matmul FLOP/s (MSMF), the rate a
+  shape holds once the board sits at its power limit and the clock has settled ("the number
+  that matches sustained training throughput"), against the maximum *achievable* burst at the
+  boost clock (MAMF). H200 BF16 (torch 2.13, 700 W): MSMF 708.5 TFLOP/s (71.6% of 989) at
+  ~1465 MHz, MAMF 841.9; all 8 GPUs of the node at once, 5 rounds: MSMF mean 698.6, spread
+  4.5%. FP8 (e4m3): MSMF 1288.7 (65.1% of 1979). H100 SXM is the same chip at the same 700 W
+  ("H200 is the same"); its table row has only the burst (MAMF 794.5, 2.7.0+cu126).
+  REFERENCE.md: ~790 TFLOP/s by matmuls on H200, a burst figure. Other copies of the author's
+  material give other sustained H200 figures (755 in a later narration; 743-746, which this
+  profile used until 2026-12-02, could not be found in any stored version): the ceiling is
+  uncertain by about 5%.
 - [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
   Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
   with zeros 295: the chip is power-limited on random data. No sustained sweep of A100 is
@@ -58,9 +61,9 @@ HBM_EFFICIENCY = 0.85  # [STREAM]
 # best *sustained* matmul rate measured ([MSMF], [POWER]), not the burst: a training step is
 # minutes of back-to-back GEMMs at the power limit.
 GEMM_HALF_DIM = 128.0
-# The sustained ceilings, rounded: Hopper BF16 745 / 989 and FP8 ~1335 / 1979 ([MSMF]), A100
-# 257 / 312 ([POWER]; V100 borrows it).
-HOPPER_BF16, HOPPER_FP8, AMPERE = 0.753, 0.675, 0.824
+# The sustained ceilings, rounded: Hopper BF16 708.5 / 989 and FP8 1288.7 / 1979 ([MSMF]),
+# A100 257 / 312 ([POWER]; V100 borrows it).
+HOPPER_BF16, HOPPER_FP8, AMPERE = 0.716, 0.651, 0.824
 # Host time to issue one kernel from PyTorch eager (Python, autograd and ATen dispatch plus
 # cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
 # launch is ~1-3 us; we take 10 us. Not GPU-specific; it binds only where kernels are short.

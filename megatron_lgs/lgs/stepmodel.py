@@ -65,7 +65,14 @@ from megatron_lgs.lgs.tpcomm import (
     tp_gemm_parts,
     tp_link,
 )
-from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig
+from megatron_lgs.lgs.workload import (
+    DENSE,
+    EXPERT,
+    Layout,
+    ModelConfig,
+    chunk_backward,
+    stage_numel,
+)
 
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
          "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
@@ -308,6 +315,24 @@ def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> f
     return total
 
 
+def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: float) -> float:
+    """What the distributed optimizer's overlapped parameter all-gather (`gather_s` for the
+    stage) leaves exposed. Megatron-core chains the gathers in forward order, one bucket at a
+    time: each is launched when the forward reaches the bucket before it. Without virtual
+    stages the gather hides behind the first micro-batch's forward (`fwd_s`); interleaved,
+    chunk 0 hides behind its own first forward (fwd_s / vpp) and every later chunk behind the
+    pp warm-up forwards of the chunk before it (pp fwd_s / vpp)."""
+    if r.vpp == 1:
+        return max(0.0, gather_s - fwd_s)
+    chunks = [sum(stage_numel(ops).values())
+              for ops in chunk_backward(w.model, w.layout, stage, r.vpp)[::-1]]
+    total, step = sum(chunks), fwd_s / r.vpp
+    exposed = max(0.0, gather_s * chunks[0] / total - step)
+    for n in chunks[1:]:
+        exposed += max(0.0, gather_s * n / total - r.pp * step)
+    return exposed
+
+
 def stage_params(r: Run) -> list[tuple[float, float]]:
     """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
     h, t = r.hidden, r.tp
@@ -377,7 +402,8 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
         thresholds = default_thresholds(w) if r.overlap_grad_reduce else ONE_BUCKET
     megatron_ddp = thresholds == default_thresholds(w)
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
-                  compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs)
+                  compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
+                  vpp=r.vpp if megatron_ddp or lgs else 1)
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):
@@ -387,7 +413,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
         buf = memory_time(step_bytes(r, shard if r.zero >= 2 else n[DENSE] + n[EXPERT]), gpu)
         gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
         if r.overlap_param_gather:
-            gather = max(0.0, gather - costs[k].fwd_s)
+            gather = _gather_exposed(r, w, k, gather, costs[k].fwd_s)
         if opt + buf + gather >= after:
             after, tail = opt + buf + gather, (opt, buf, gather)
     breakdown["optimizer"] = tail[0]

@@ -7,8 +7,10 @@ How the step is modelled (all times are predictions):
   backward flows from the last stage to stage 0, so stage k's last backward ends at
   T - sum_{j<k} tb_j: stage 0 ends last and later stages get slack. P2P sends are not modelled.
 - Gradients fire on the last micro-batch only (earlier ones run under no_sync); each op's
-  gradients are ready when the op ends. Buckets fill in backward order per gradient group
-  (dense / expert, as Megatron keeps separate buffers) by the engine's own planner
+  gradients are ready when the op ends. Under megatron-core's interleaved schedule each model
+  chunk fires after its own last backward, spread over the cooldown (`replay`'s `vpp`).
+  Buckets fill in backward order per gradient group (dense / expert, as Megatron keeps
+  separate buffers) by the engine's own planner
   (`plan.make_plan` with the workload's `weighting`): with "none" (megatron's and the other
   one-channel systems' rule) a bucket closes once its bytes reach the intra threshold, with
   LGS's "params" / "measured" only at a layer boundary; a tensor is never split, so a bucket
@@ -38,6 +40,7 @@ from megatron_lgs.lgs.workload import (
     BackwardOp,
     Layout,
     ModelConfig,
+    chunk_backward,
     forward_flops,
     stage_backward,
 )
@@ -140,10 +143,13 @@ def _layer(name: str) -> str:
     return name.split(".")[0]
 
 
+Closed = tuple[str, list[str], int, float, int]  # group, names, bytes, ready time, inter cap
+
+
 def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float,
-             weighting: str) -> tuple[list[Span], list[tuple[str, list[str], int, float]]]:
+             weighting: str) -> tuple[list[Span], list[Closed]]:
     """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
-    ready time), grouped per gradient group by `plan.make_plan`."""
+    ready time, inter-node message cap), grouped per gradient group by `plan.make_plan`."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     grads: dict[str, list[tuple[str, int, float]]] = {}  # group -> (name, numel, ready)
@@ -156,30 +162,40 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, r
         for g in op.grads:
             grads.setdefault(g.group, []).append((g.name, g.numel, end))
         t = end
-    closed: list[tuple[str, list[str], int, float]] = []
+    closed: list[Closed] = []
     config = PlanConfig(th.intra_bytes, weighting)
     for group, tensors in grads.items():
         units = [Unit(name, _layer(name), numel, gb) for name, numel, _ in tensors]
         for b in make_plan(units, config, layer_flops).buckets:
             last = b.segments[-1].unit
             closed.append((group, [tensors[s.unit][0] for s in b.segments], b.nbytes,
-                           tensors[last][2]))
-    closed.sort(key=lambda b: b[3])
+                           tensors[last][2], th.inter_bytes))
     return spans, closed
 
 
-def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: Workload,
-           th: Thresholds, rate: float, pipelined_hops: bool) -> StageTimeline:
-    spans, closed = _buckets(ops, bwd_start, w, th, rate,
-                             w.weighting if pipelined_hops else "none")
+# Ops that run back to back from a start time, bucketed with these thresholds.
+Window = tuple[list[BackwardOp], float, Thresholds]
+
+
+def _stage(stage: int, windows: list[Window], busy: float, w: Workload, rate: float,
+           pipelined_hops: bool) -> StageTimeline:
+    spans: list[Span] = []
+    closed: list[Closed] = []
+    for ops, start, th in windows:
+        s, c = _buckets(ops, start, w, th, rate, w.weighting if pipelined_hops else "none")
+        spans += s
+        closed += c
+    closed.sort(key=lambda b: b[3])
+    ops = [op for window in windows for op in window[0]]
+    bwd_start = windows[0][1]
     lay = w.layout
     first_free = free = bwd_start  # the intra-node channel, and the (only / second) one
     events: list[BucketEvent] = []
     hops: list[tuple[float, float, float]] = []  # (start, end, overlap) of each hop
     intra_o, inter_o = w.hw.intra_overlap_or_inter, w.hw.overlap
-    for group, names, nbytes, ready in closed:
+    for group, names, nbytes, ready, inter_bytes in closed:
         g, m = lay.group_shape(group)
-        cost = hierarchical_allreduce(nbytes, g, m, w.hw, th.inter_bytes,
+        cost = hierarchical_allreduce(nbytes, g, m, w.hw, inter_bytes,
                                       all_gather=not lay.distributed_optimizer)
         first = cost.intra_reduce_scatter_s
         gather = cost.intra_s - first  # the intra-node all-gather after the inter-node hop
@@ -198,7 +214,8 @@ def _stage(stage: int, ops: list[BackwardOp], bwd_start: float, busy: float, w: 
     bwd_end = spans[-1].end_s if spans else bwd_start
     # Communication that runs during the backward slows it by (1 - overlap) of its length
     # (shared cores), per level; the slowed backward then delays everything after it by as
-    # much.
+    # much. Between interleaved chunks' windows the stage runs other chunks' backward, so
+    # the whole span from the first window counts.
     delay = sum((1 - o) * max(0.0, min(e, bwd_end) - max(s, bwd_start)) for s, e, o in hops)
     # Unsynchronized bytes: +grad bytes when its op ends, -bucket bytes when its collective ends.
     deltas = [(s.end_s, sum(g.numel for g in op.grads) * lay.grad_bytes)
@@ -235,30 +252,69 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
     return replay(w, th, tf, tb, compute_end, bucket_later_stages, pipelined_hops)
 
 
+# Replays of one layout over a threshold grid share the ops; nothing mutates them.
 @lru_cache(maxsize=64)
 def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
-    # Replays of one layout over a threshold grid share the ops; nothing mutates them.
     return stage_backward(model, lay, stage)
 
 
+@lru_cache(maxsize=64)
+def _chunk_ops(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[list[BackwardOp]]:
+    return chunk_backward(model, lay, stage, vpp)
+
+
+def _interleaved_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: float,
+                         vpp: int, bucket_all: bool) -> list[Window]:
+    """The interleaved schedule: megatron-core enables each model chunk's gradient sync for
+    that chunk's last micro-batch (`is_last_microbatch_for_model_chunk`), so its buckets fire
+    during that backward (megatron-core's DDP hooks and LGS's engine alike), and in the
+    cooldown the stage runs the last group's chunks back to back, chunk vpp-1 first, pp
+    micro-batches each: chunk c's last backward ends pp x (the backward of chunks 0 .. c-1)
+    before the stage's. A chunk's backward is its share of the stage's FLOPs times tb.
+    Megatron-core buckets only chunk 0 of stage 0 (one bucket for every later chunk and
+    stage); `bucket_all` buckets every chunk with `th`."""
+    chunks = _chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
+    flops = [sum(op.flops for op in ops) for ops in chunks]
+    total = sum(flops)
+    length = [tb * f / total if total else tb / vpp for f in flops]
+    windows, after = [], 0.0  # after: backward of the chunks below this one, one micro-batch
+    for i in reversed(range(vpp)):  # chunk 0 (runs last) first
+        end = bwd_end - w.layout.pp * after
+        c = vpp - 1 - i
+        bucketed = bucket_all or (k == 0 and c == 0)
+        windows.append((chunks[i], end - length[i], th if bucketed else ONE_BUCKET))
+        after += length[i]
+    return windows[::-1]
+
+
 def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
-           bucket_later_stages: bool = True, pipelined_hops: bool = True) -> StepPrediction:
+           bucket_later_stages: bool = True, pipelined_hops: bool = True,
+           vpp: int = 1) -> StepPrediction:
     """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
     times `tf`, `tb` (s) and the end of all compute `compute_end` (s).
 
     Each stage's last backward lasts tb_k, split over its ops in proportion to their FLOPs;
-    this is how the whole-step model (`stepmodel`) feeds its own compute times in.
+    this is how the whole-step model (`stepmodel`) feeds its own compute times in. With
+    `vpp` > 1 (the interleaved schedule, gradients synced while the backward runs) each model
+    chunk syncs during its own last backward (`_interleaved_windows`); the final backward
+    then reaches stage k sum_{j<k} tb_j / vpp before the end.
     """
     lay = w.layout
-    stage_ops = [_stage_ops(w.model, lay, k) for k in range(lay.pp)]
+    interleaved = vpp > 1
     stages = []
-    for k, ops in enumerate(stage_ops):
-        bwd_end = compute_end - sum(tb[:k])
+    for k in range(lay.pp):
+        ops = _stage_ops(w.model, lay, k)
         busy = lay.num_micro_batches * (tf[k] + tb[k])
-        stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
         flops = sum(op.flops for op in ops)
         rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
-        stages.append(_stage(k, ops, bwd_end - tb[k], busy, w, stage_th, rate, pipelined_hops))
+        if interleaved:
+            windows = _interleaved_windows(w, th, k, compute_end - sum(tb[:k]) / vpp, tb[k],
+                                           vpp, bucket_later_stages)
+        else:
+            bwd_end = compute_end - sum(tb[:k])
+            stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
+            windows = [(ops, bwd_end - tb[k], stage_th)]
+        stages.append(_stage(k, windows, busy, w, rate, pipelined_hops))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
     return StepPrediction(

@@ -150,28 +150,57 @@ def layer_backward_flops(model: ModelConfig, lay: Layout) -> float:
     return sum(op.flops for op in _layer_backward(model, lay, 0))
 
 
-def stage_backward(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
-    """Backward ops of one pipeline stage for one micro-batch, in execution order."""
-    if model.num_layers % lay.pp:
-        raise ValueError(f"num_layers {model.num_layers} not divisible by pp {lay.pp}")
+def _check_stage(model: ModelConfig, lay: Layout, stage: int, vpp: int = 1) -> None:
+    if model.num_layers % (lay.pp * vpp):
+        raise ValueError(f"num_layers {model.num_layers} not divisible by pp x vpp "
+                         f"{lay.pp * vpp}")
     if model.num_experts % lay.ep:
         raise ValueError(f"num_experts {model.num_experts} not divisible by ep {lay.ep}")
     if not 0 <= stage < lay.pp:
         raise ValueError(f"stage {stage} outside [0, {lay.pp})")
-    per = model.num_layers // lay.pp
+
+
+def _backward(model: ModelConfig, lay: Layout, layers: range, first: bool, last: bool
+              ) -> list[BackwardOp]:
+    """Backward ops of a contiguous run of layers, with the output layer if `last` and the
+    embedding if `first`, in execution order."""
     h, tok = model.hidden, lay.micro_batch_size * model.seq_length
     emb = model.vocab * h // lay.tp
     ops: list[BackwardOp] = []
-    if stage == lay.pp - 1:
+    if last:
         out = (GradTensor("output", emb, DENSE),) if model.untie_embeddings or lay.pp > 1 else ()
         ops.append(BackwardOp("output", 2 * 2 * tok * h * model.vocab / lay.tp,
                               out + (GradTensor("final_ln", h, DENSE),)))
-    for i in reversed(range(stage * per, (stage + 1) * per)):
+    for i in reversed(layers):
         ops.extend(_layer_backward(model, lay, i))
-    if stage == 0:
+    if first:
         # The embedding gradient is a scatter-add: negligible FLOPs, ready last.
         ops.append(BackwardOp("embedding", 0.0, (GradTensor("embedding", emb, DENSE),)))
     return ops
+
+
+def stage_backward(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
+    """Backward ops of one pipeline stage for one micro-batch, in execution order."""
+    _check_stage(model, lay, stage)
+    per = model.num_layers // lay.pp
+    return _backward(model, lay, range(stage * per, (stage + 1) * per), stage == 0,
+                     stage == lay.pp - 1)
+
+
+def chunk_backward(model: ModelConfig, lay: Layout, stage: int, vpp: int
+                   ) -> list[list[BackwardOp]]:
+    """Backward ops of one stage under the interleaved schedule, per model chunk: stage k
+    holds chunks c = 0 .. vpp-1 of layers [(c pp + k) L, (c pp + k + 1) L), L = layers /
+    (pp vpp). Chunks are listed in the order their last backward runs (chunk vpp-1 first),
+    each chunk's ops in execution order."""
+    _check_stage(model, lay, stage, vpp)
+    per = model.num_layers // (lay.pp * vpp)
+    chunks = []
+    for c in reversed(range(vpp)):
+        start = (c * lay.pp + stage) * per
+        chunks.append(_backward(model, lay, range(start, start + per), stage == 0 and c == 0,
+                                stage == lay.pp - 1 and c == vpp - 1))
+    return chunks
 
 
 def forward_flops(ops: list[BackwardOp]) -> float:

@@ -1,0 +1,108 @@
+"""Megatron-core's data-parallel sync under the interleaved schedule: per-chunk gradient
+reductions spread over the cooldown, per-chunk chained parameter gathers in the warm-up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from megatron_lgs.lgs.costmodel import hierarchical_allreduce
+from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.runspec import run_from_dict
+from megatron_lgs.lgs.stepmodel import _gather_exposed, predict_run, sync_workload
+from megatron_lgs.lgs.timeline import ONE_BUCKET, Thresholds, replay
+from megatron_lgs.lgs.workload import chunk_backward, stage_backward, stage_numel
+
+H100 = get_gpu("h100-sxm")
+BASE = {"id": "v", "gpu": "h100-sxm", "num_gpus": 256, "num_layers": 16, "hidden": 4096,
+        "heads": 32, "vocab": 32000, "seq_length": 2048, "tp": 8, "pp": 2, "vpp": 4,
+        "micro_batch": 1, "global_batch": 256, "distributed_optimizer": True}
+
+
+def run(**kw):
+    return run_from_dict({**BASE, **kw})
+
+
+def _layers(ops) -> list[int]:
+    return sorted({int(op.name.split(".")[0][5:]) for op in ops if op.name.startswith("layer")})
+
+
+def test_chunks_hold_megatrons_interleaved_layers() -> None:
+    r = run()
+    w = sync_workload(r, link_profile(H100))
+    # 16 layers, pp 2, vpp 4: 2 layers a chunk; stage 0 holds chunks 0, 2, 4, 6 of the model.
+    chunks = chunk_backward(w.model, w.layout, 0, 4)
+    assert [_layers(c) for c in chunks] == [[12, 13], [8, 9], [4, 5], [0, 1]]
+    assert chunks[-1][-1].name == "embedding" and chunks[0][0].name != "output"
+    last = chunk_backward(w.model, w.layout, 1, 4)
+    assert [_layers(c) for c in last] == [[14, 15], [10, 11], [6, 7], [2, 3]]
+    assert last[0][0].name == "output"
+    for k in range(2):
+        whole = stage_numel(stage_backward(w.model, w.layout, k))
+        parts = [stage_numel(c) for c in chunk_backward(w.model, w.layout, k, 4)]
+        assert sum(p["dense"] for p in parts) == whole["dense"]
+
+
+def test_each_chunk_syncs_after_its_last_backward_by_hand() -> None:
+    """Stage 0, vpp 4, pp 2: chunk c's last backward ends c * pp * tb / vpp before the stage's
+    last; later chunks are one bucket each, reduced one after another on one channel."""
+    r = run()
+    hw = link_profile(H100)
+    w = sync_workload(r, hw)
+    tf, tb, end = [0.4, 0.4], [0.8, 0.8], 10.0
+    th = Thresholds(1 << 62, 1 << 62)
+    pred = replay(w, th, tf, tb, end, bucket_later_stages=False, pipelined_hops=False, vpp=4)
+    s0 = pred.stages[0]
+    g, m = w.layout.group_shape("dense")
+    step = tb[0] / 4
+    free = 0.0
+    for i, c in enumerate(chunk_backward(w.model, w.layout, 0, 4)):
+        chunk = 3 - i
+        ready = end - chunk * 2 * step
+        nbytes = stage_numel(c)["dense"] * w.layout.grad_bytes
+        cost = hierarchical_allreduce(nbytes, g, m, hw, ONE_BUCKET.inter_bytes, all_gather=False)
+        start = max(ready, free)
+        free = start + cost.intra_s + cost.inter_s
+        bucket = s0.buckets[i]
+        assert bucket.ready_s == pytest.approx(ready)
+        assert bucket.end_s == pytest.approx(free)
+    assert s0.synced_s == pytest.approx(max(end, free))
+    # Stage 1's final backward ends tb_0 / vpp before the step's compute does.
+    assert pred.stages[1].backward_end_s == pytest.approx(end - tb[0] / 4)
+
+
+def test_interleaving_hides_more_of_the_sync_than_one_window() -> None:
+    """The same stage times: spreading the chunks' reductions over the cooldown never leaves
+    more exposed than reducing the whole stage after its last micro-batch's backward."""
+    r = run()
+    w = sync_workload(r, link_profile(H100))
+    th = Thresholds(40_000_000 * 4, 40_000_000 * 4)
+    for tb in ([0.05, 0.05], [0.4, 0.4], [2.0, 2.0]):
+        tf = [t / 2 for t in tb]
+        one = replay(w, th, tf, tb, 20.0, bucket_later_stages=False, vpp=1)
+        inter = replay(w, th, tf, tb, 20.0, bucket_later_stages=False, vpp=4)
+        assert inter.exposed_comm_s <= one.exposed_comm_s + 1e-12
+
+
+def test_chained_param_gather_by_hand() -> None:
+    """Chunk 0's gather hides behind its first forward (fwd / vpp), every later chunk's behind
+    the pp warm-up forwards of the chunk before it (pp * fwd / vpp)."""
+    r = run()
+    w = sync_workload(r, link_profile(H100))
+    gather, fwd = 0.8, 0.4
+    shares = [stage_numel(c)["dense"] for c in chunk_backward(w.model, w.layout, 0, 4)[::-1]]
+    total, step = sum(shares), fwd / 4
+    want = max(0.0, gather * shares[0] / total - step)
+    want += sum(max(0.0, gather * n / total - 2 * step) for n in shares[1:])
+    assert _gather_exposed(r, w, 0, gather, fwd) == pytest.approx(want)
+    flat = replace(r, vpp=1)
+    assert _gather_exposed(flat, w, 0, gather, fwd) == pytest.approx(gather - fwd)
+
+
+def test_interleaved_layout_predicts_less_exposed_dp_traffic() -> None:
+    est = predict_run(run())
+    one = predict_run(run(vpp=1))
+    exposed = est.breakdown["dp_grad_sync"] + est.breakdown["param_all_gather"]
+    assert exposed < one.breakdown["dp_grad_sync"] + one.breakdown["param_all_gather"]
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
