@@ -150,17 +150,22 @@ def narayanan_rows() -> list[dict]:
     return rows
 
 
+# What the rows of that README share: H100, vocabulary 131072, sequence 4096, BF16, no
+# recompute, distributed optimizer, TE's TP communication overlap.
+MEGATRON_H100_ROW = {"gpu": "h100-sxm", "vocab": 131072, "seq_length": 4096, "micro_batch": 1,
+                     "recompute": "none", "precision": "bf16", "distributed_optimizer": True,
+                     "tp_comm_overlap": True}
+
+
 def megatron_h100_rows() -> list[dict]:
     rows = []
     for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in MEGATRON_H100_RUNS:
         rows.append({
             "source": MEGATRON_H100, "published": tflops, "metric": "TFLOP/s/GPU",
             "vpp": "fastest", "micro_batch": "not published",
-            "run": {"id": f"megatron-h100-{name}", "gpu": "h100-sxm", "num_gpus": gpus,
-                    "num_layers": layers, "hidden": hidden, "heads": heads, "vocab": 131072,
-                    "seq_length": 4096, "tp": tp, "pp": pp, "micro_batch": 1,
-                    "global_batch": batch, "recompute": "none", "precision": "bf16",
-                    "distributed_optimizer": True, "tp_comm_overlap": True}})
+            "run": {**MEGATRON_H100_ROW, "id": f"megatron-h100-{name}", "num_gpus": gpus,
+                    "num_layers": layers, "hidden": hidden, "heads": heads, "tp": tp, "pp": pp,
+                    "global_batch": batch}})
     return rows
 
 
@@ -222,6 +227,27 @@ def dominant_terms(est: StepEstimate, n: int = 3) -> str:
     return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
 
 
+# Outside the table (its layout is not published): the same README's strong scaling of the
+# 177B model at global batch 1152, "MFU from 47% to 42%" between 96 and 4608 GPUs, read with
+# the weak-scaling table's TP8 PP6 (96 = 48 x 2).
+STRONG_SCALING = [(96, 0.47), (4608, 0.42)]
+
+
+def strong_scaling() -> None:
+    print("\n## outside the table: Megatron-LM README strong scaling, 177B, global batch 1152 "
+          "(published MFU; layout not published, TP8 PP6 taken from the weak-scaling row)")
+    for gpus, mfu in STRONG_SCALING:
+        run = {**MEGATRON_H100_ROW, "id": f"megatron-h100-177B-{gpus}", "num_gpus": gpus,
+               "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 8, "pp": 6,
+               "global_batch": 1152}
+        _, est = predicted({"metric": "TFLOP/s/GPU", "vpp": "fastest",
+                            "micro_batch": "not published", "run": run})
+        r = est.run
+        print(f"{gpus:>5} GPUs  TP8 PP6 DP{r.dp} V{r.vpp} mbs{r.micro_batch}  published MFU "
+              f"{mfu:.0%}  predicted {est.mfu:.1%}  ({est.mfu / mfu - 1:+.1%}; "
+              f"{dominant_terms(est)})")
+
+
 def micro_batch_sensitivity(out: list[dict]) -> None:
     """Where a source leaves the micro-batch size out, the error at each size (virtual stages
     still the fastest): how much of a row's error is the choice."""
@@ -276,6 +302,7 @@ def main(argv: list[str] | None = None) -> list[float]:
           f"{max(errors):.1%}  (targets: median <= 10%, worst <= 20%; '!' = predicted not to "
           "fit memory)")
     micro_batch_sensitivity(out)
+    strong_scaling()
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return errors
