@@ -32,6 +32,11 @@ from megatron_lgs.lgs.runspec import Run, RunError, check_run
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 
 LABEL = "PREDICTION (whole-step model, not a measurement)"
+# What bench/published_runs.py shows on Hopper (README, "Published runs").
+HOPPER = ("h100-sxm", "h800", "h200")
+HOPPER_CAVEAT = ("Hopper: every published Megatron-Core H100 run was slower than this model "
+                 "predicts (bench/published_runs.py); rank layouts by it, do not take its MFU "
+                 "as a promise")
 ROW_GRID_MB = [16, 64, 256]
 
 
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     cands = candidates(base)
     top = best_of(cands, a.top)
     print(f"# {LABEL}")
+    if a.hardware in HOPPER:
+        print(f"# {HOPPER_CAVEAT}")
     print(f"# {a.model} on {a.gpus} x {a.hardware}, global batch {base.global_batch}: "
           f"{len(cands)} layouts fit in memory")
     if not top:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_lgs.lgs.plan_run import HOPPER_CAVEAT, resolve
 from megatron_lgs.lgs.plan_run import main as plan_main
-from megatron_lgs.lgs.plan_run import resolve
 from megatron_lgs.lgs.planner import candidates, fits
 from megatron_lgs.lgs.predict import predict_file
 from megatron_lgs.lgs.simulate import cli
@@ -104,6 +104,13 @@ def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
     for q in ("ZeRO-2 vs ZeRO-3", "TP inside a node", "slower inter-node network",
               "bucket thresholds"):
         assert q in out
+
+
+def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
+    for gpu, said in (("h200", True), ("a100-80gb", False)):
+        plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware", gpu,
+                   "--top", "1"])
+        assert (HOPPER_CAVEAT in capsys.readouterr().out) == said, gpu
 
 
 def test_planner_never_proposes_what_does_not_fit() -> None:
