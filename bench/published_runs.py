@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_lgs.lgs.flops import flops_with_full_recompute  # noqa: E402
-from megatron_lgs.lgs.runspec import RunError, run_from_dict  # noqa: E402
+from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
 from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
@@ -176,7 +176,7 @@ def published_rows() -> list[dict]:
 UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
 
 
-def _vpp_choices(run) -> list[int]:
+def _vpp_choices(run: Run) -> list[int]:
     per_stage = run.num_layers // run.pp
     return [v for v in range(1, per_stage + 1) if per_stage % v == 0
             and (v == 1 or (run.pp > 1 and run.num_micro_batches % run.pp == 0))]
