@@ -169,8 +169,29 @@ def megatron_h100_rows() -> list[dict]:
     return rows
 
 
+MEGATRON_MOE = ("Megatron-LM megatron/core/transformer/moe/README.md (Megatron-Core v0.8, "
+                "commit 0b981f9c53 of 2024-08-02): 'Mixtral 8X7B bf16 training to achieve 438 "
+                "TFLOPS as of MCore v0.8', with the same file's 'Reference Best Parallel Mapping'")
+# Mixtral 8x7B (32 layers, hidden 4096, 8 experts of 14336 with SwiGLU, top-2, 32 heads with 8
+# KV groups, vocabulary 32K, untied), dropless with the all-to-all dispatcher, BF16, 64 H100
+# (8 x 400 Gb/s InfiniBand per node), sequence 4096, TP1 EP8 PP4 VP8, micro-batch 1, global
+# batch 256; the file's practice section: distributed optimizer with overlapped gradient
+# reduction and parameter gathers, TE 1.9's grouped GEMM (one local expert here, so one GEMM).
+MEGATRON_MOE_RUN = {"id": "megatron-moe-mixtral-8x7b", "gpu": "h100-sxm", "num_gpus": 64,
+                    "num_layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
+                    "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 1, "pp": 4,
+                    "ep": 8, "vpp": 8, "micro_batch": 1, "global_batch": 256,
+                    "recompute": "none", "precision": "bf16", "swiglu": True, "num_experts": 8,
+                    "moe_topk": 2, "distributed_optimizer": True}
+
+
+def megatron_moe_rows() -> list[dict]:
+    return [{"source": MEGATRON_MOE, "published": 438.0, "metric": "TFLOP/s/GPU",
+             "run": MEGATRON_MOE_RUN}]
+
+
 def published_rows() -> list[dict]:
-    return narayanan_rows() + korthikanti_rows() + megatron_h100_rows()
+    return narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
 
 
 UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
@@ -288,7 +309,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         r = est.run
         err = value / row["published"] - 1
         errors.append(abs(err))
-        lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" V{r.vpp}" if r.vpp > 1 else "") + (
+        lay = f"TP{r.tp} PP{r.pp} DP{r.dp}" + (f" EP{r.ep}" if r.ep > 1 else "") + (
+            f" V{r.vpp}" if r.vpp > 1 else "") + (
             f" mbs{r.micro_batch}" if row.get("micro_batch") == "not published" else "")
         fit = "" if est.fits_memory else "!"
         print(f"{r.id:<26} {lay:<23} {row['published']:>9.4g} {value:>9.4g} {err:>+7.1%} "
