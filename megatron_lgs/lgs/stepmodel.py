@@ -57,6 +57,7 @@ from megatron_lgs.lgs.timeline import (
     StepPrediction,
     Thresholds,
     Workload,
+    chunk_ops,
     replay,
 )
 from megatron_lgs.lgs.tpcomm import (
@@ -65,14 +66,7 @@ from megatron_lgs.lgs.tpcomm import (
     tp_gemm_parts,
     tp_link,
 )
-from megatron_lgs.lgs.workload import (
-    DENSE,
-    EXPERT,
-    Layout,
-    ModelConfig,
-    chunk_backward,
-    stage_numel,
-)
+from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig, stage_numel
 
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
          "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
@@ -325,7 +319,7 @@ def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: flo
     if r.vpp == 1:
         return max(0.0, gather_s - fwd_s)
     chunks = [sum(stage_numel(ops).values())
-              for ops in chunk_backward(w.model, w.layout, stage, r.vpp)[::-1]]
+              for ops in chunk_ops(w.model, w.layout, stage, r.vpp)[::-1]]
     total, step = sum(chunks), fwd_s / r.vpp
     exposed = max(0.0, gather_s * chunks[0] / total - step)
     for n in chunks[1:]:

@@ -259,7 +259,8 @@ def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
 
 
 @lru_cache(maxsize=64)
-def _chunk_ops(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[list[BackwardOp]]:
+def chunk_ops(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[list[BackwardOp]]:
+    """`workload.chunk_backward`, cached: the replay and the step model's gathers share it."""
     return chunk_backward(model, lay, stage, vpp)
 
 
@@ -273,7 +274,7 @@ def _interleaved_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb
     before the stage's. A chunk's backward is its share of the stage's FLOPs times tb.
     Megatron-core buckets only chunk 0 of stage 0 (one bucket for every later chunk and
     stage); `bucket_all` buckets every chunk with `th`."""
-    chunks = _chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
+    chunks = chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
     flops = [sum(op.flops for op in ops) for ops in chunks]
     total = sum(flops)
     length = [tb * f / total if total else tb / vpp for f in flops]
