@@ -205,44 +205,49 @@ def _vpp_choices(run: Run) -> list[int]:
             and (v == 1 or (run.pp > 1 and run.num_micro_batches % run.pp == 0))]
 
 
-def _tuned(row: dict, micro_batches: tuple[int, ...]) -> StepEstimate:
-    """The fastest prediction over the knobs the source leaves out (micro-batch sizes among
-    `micro_batches`, and virtual stages where the row says "fastest"), preferring layouts
-    that fit memory."""
-    best = None
-    for mbs in micro_batches:
+def _fit_then_fast(est: StepEstimate) -> tuple[bool, float]:
+    return est.fits_memory, -est.step_time_s
+
+
+def estimates_by_micro_batch(row: dict) -> dict[int, StepEstimate]:
+    """Per micro-batch size the row may take (the published one, or every size in
+    UNPUBLISHED_MICRO_BATCHES that divides the batch), its best estimate over the virtual
+    stages where the row says "fastest", preferring layouts that fit memory."""
+    unpublished = row.get("micro_batch") == "not published"
+    sizes = UNPUBLISHED_MICRO_BATCHES if unpublished else (row["run"]["micro_batch"],)
+    out: dict[int, StepEstimate] = {}
+    for mbs in sizes:
         try:
             base = run_from_dict({**row["run"], "micro_batch": mbs})
         except RunError:
             continue
-        for v in _vpp_choices(base) if row.get("vpp") == "fastest" else [base.vpp]:
-            est = predict_run(replace(base, vpp=v))
-            if best is None or (est.fits_memory, -est.step_time_s) > (best.fits_memory,
-                                                                      -best.step_time_s):
-                best = est
-    return best
+        vpps = _vpp_choices(base) if row.get("vpp") == "fastest" else [base.vpp]
+        out[mbs] = max((predict_run(replace(base, vpp=v)) for v in vpps), key=_fit_then_fast)
+    return out
 
 
-def predicted(row: dict, micro_batches: tuple[int, ...] | None = None
-              ) -> tuple[float, StepEstimate]:
-    """The row's predicted metric and estimate; `micro_batches` overrides the sizes an
-    unpublished micro-batch is chosen from."""
-    if micro_batches is None and row.get("micro_batch") == "not published":
-        micro_batches = UNPUBLISHED_MICRO_BATCHES
-    if micro_batches is not None or row.get("vpp") == "fastest":
-        est = _tuned(row, micro_batches or (row["run"]["micro_batch"],))
+def metric(row: dict, est: StepEstimate) -> float:
+    """The estimate in the row's published metric."""
+    r = est.run
+    if row["metric"] == "iteration time s":
+        return est.step_time_s
+    if row["metric"].endswith("(with recompute)"):
+        return flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
+    return est.tflops_per_gpu
+
+
+def predicted(row: dict) -> tuple[float, StepEstimate, dict[int, StepEstimate]]:
+    """The row's predicted metric, its estimate, and (where the row leaves knobs to the model)
+    the best estimate at each micro-batch size, the chosen one among them."""
+    if row.get("micro_batch") == "not published" or row.get("vpp") == "fastest":
+        by_mbs = estimates_by_micro_batch(row)
+        est = max(by_mbs.values(), key=_fit_then_fast)
     else:
         mb = row.get("bucket_mb")
         th = Thresholds(mb * MB, mb * MB) if mb else None
         est = predict_run(run_from_dict(row["run"]), th, flat_buckets=th is not None)
-    r = est.run
-    if row["metric"] == "iteration time s":
-        value = est.step_time_s
-    elif row["metric"].endswith("(with recompute)"):
-        value = flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
-    else:
-        value = est.tflops_per_gpu
-    return value, est
+        by_mbs = {est.run.micro_batch: est}
+    return metric(row, est), est, by_mbs
 
 
 def dominant_terms(est: StepEstimate, n: int = 3) -> str:
@@ -263,8 +268,8 @@ def strong_scaling() -> None:
         run = {**MEGATRON_H100_ROW, "id": f"megatron-h100-177B-{gpus}", "num_gpus": gpus,
                "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 8, "pp": 6,
                "global_batch": 1152}
-        _, est = predicted({"metric": "TFLOP/s/GPU", "vpp": "fastest",
-                            "micro_batch": "not published", "run": run})
+        _, est, _ = predicted({"metric": "TFLOP/s/GPU", "vpp": "fastest",
+                               "micro_batch": "not published", "run": run})
         r = est.run
         print(f"{gpus:>5} GPUs  TP8 PP6 DP{r.dp} V{r.vpp} mbs{r.micro_batch}  published MFU "
               f"{mfu:.0%}  predicted {est.mfu:.1%}  ({est.mfu / mfu - 1:+.1%}; "
@@ -280,16 +285,9 @@ def micro_batch_sensitivity(out: list[dict]) -> None:
     print("\n## micro-batch size not published (the rows above take the fastest that fits): "
           "error at each size")
     for row in assumed:
-        cells = []
-        for mbs in UNPUBLISHED_MICRO_BATCHES:
-            try:
-                run_from_dict({**row["run"], "micro_batch": mbs})
-            except RunError:
-                continue
-            value, est = predicted(row, (mbs,))
-            used = "*" if mbs == row["micro_batch_used"] else ""
-            cells.append(f"mbs {mbs}{used} {value / row['published'] - 1:+.1%}"
-                         + ("" if est.fits_memory else " (does not fit)"))
+        cells = [f"mbs {mbs}{'*' if mbs == row['micro_batch_used'] else ''} {err:+.1%}"
+                 + ("" if fits else " (does not fit)")
+                 for mbs, (err, fits) in row["error_by_micro_batch"].items()]
         print(f"{row['run']['id']:<26} " + ", ".join(cells))
 
 
@@ -307,7 +305,7 @@ def main(argv: list[str] | None = None) -> list[float]:
             source = row["source"]
             sign = " (negative error: predicted faster)" if row["metric"].endswith(" s") else ""
             print(f"\n## {source}\n## metric: {row['metric']}{sign}\n{head}")
-        value, est = predicted(row)
+        value, est, by_mbs = predicted(row)
         r = est.run
         err = value / row["published"] - 1
         errors.append(abs(err))
@@ -320,6 +318,9 @@ def main(argv: list[str] | None = None) -> list[float]:
               f"{dominant_terms(est)}")
         out.append({**row, "predicted": value, "relative_error": err,
                     "vpp_used": r.vpp, "micro_batch_used": r.micro_batch,
+                    "error_by_micro_batch": {
+                        mbs: (metric(row, e) / row["published"] - 1, e.fits_memory)
+                        for mbs, e in by_mbs.items()},
                     "breakdown_s": est.breakdown,
                     "step_time_s": est.step_time_s, "fits_memory": est.fits_memory})
     print(f"\nrows {len(errors)}: median |error| {statistics.median(errors):.1%}, worst "
