@@ -312,12 +312,10 @@ def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> f
 def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: float) -> float:
     """What the distributed optimizer's overlapped parameter all-gather (`gather_s` for the
     stage) leaves exposed. Megatron-core chains the gathers in forward order, one bucket at a
-    time: each is launched when the forward reaches the bucket before it. Without virtual
-    stages the gather hides behind the first micro-batch's forward (`fwd_s`); interleaved,
-    chunk 0 hides behind its own first forward (fwd_s / vpp) and every later chunk behind the
-    pp warm-up forwards of the chunk before it (pp fwd_s / vpp)."""
-    if r.vpp == 1:
-        return max(0.0, gather_s - fwd_s)
+    time: each is launched when the forward reaches the bucket before it. Chunk 0 hides
+    behind its own first forward (fwd_s / vpp; without virtual stages the first micro-batch's
+    whole forward) and every later chunk behind the pp warm-up forwards of the chunk before it
+    (pp fwd_s / vpp)."""
     chunks = [sum(stage_numel(ops).values())
               for ops in chunk_ops(w.model, w.layout, stage, r.vpp)[::-1]]
     total, step = sum(chunks), fwd_s / r.vpp
