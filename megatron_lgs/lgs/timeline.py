@@ -254,26 +254,22 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
 
 # Replays of one layout over a threshold grid share the ops; nothing mutates them.
 @lru_cache(maxsize=64)
-def _stage_ops(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
-    return stage_backward(model, lay, stage)
-
-
-@lru_cache(maxsize=64)
 def chunk_ops(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[list[BackwardOp]]:
     """`workload.chunk_backward`, cached: the replay and the step model's gathers share it."""
     return chunk_backward(model, lay, stage, vpp)
 
 
-def _interleaved_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: float,
-                         vpp: int, bucket_all: bool) -> list[Window]:
-    """The interleaved schedule: megatron-core enables each model chunk's gradient sync for
-    that chunk's last micro-batch (`is_last_microbatch_for_model_chunk`), so its buckets fire
-    during that backward (megatron-core's DDP hooks and LGS's engine alike), and in the
-    cooldown the stage runs the last group's chunks back to back, chunk vpp-1 first, pp
-    micro-batches each: chunk c's last backward ends pp x (the backward of chunks 0 .. c-1)
-    before the stage's. A chunk's backward is its share of the stage's FLOPs times tb.
-    Megatron-core buckets only chunk 0 of stage 0 (one bucket for every later chunk and
-    stage); `bucket_all` buckets every chunk with `th`."""
+def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: float,
+                   vpp: int, bucket_all: bool) -> list[Window]:
+    """Where stage k's gradients become ready. Megatron-core enables each model chunk's
+    gradient sync for that chunk's last micro-batch (`is_last_microbatch_for_model_chunk`),
+    so its buckets fire during that backward (megatron-core's DDP hooks and LGS's engine
+    alike); under the interleaved schedule the cooldown runs the last group's chunks back to
+    back, chunk vpp-1 first, pp micro-batches each: chunk c's last backward ends pp x (the
+    backward of chunks 0 .. c-1) before the stage's. A chunk's backward is its share of the
+    stage's FLOPs times tb (without virtual stages: one chunk, the whole tb). Megatron-core
+    buckets only chunk 0 of stage 0 (one bucket for every later chunk and stage);
+    `bucket_all` buckets every chunk with `th`."""
     chunks = chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
     flops = [sum(op.flops for op in ops) for ops in chunks]
     total = sum(flops)
@@ -297,24 +293,17 @@ def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], comput
     Each stage's last backward lasts tb_k, split over its ops in proportion to their FLOPs;
     this is how the whole-step model (`stepmodel`) feeds its own compute times in. With
     `vpp` > 1 (the interleaved schedule, gradients synced while the backward runs) each model
-    chunk syncs during its own last backward (`_interleaved_windows`); the final backward
-    then reaches stage k sum_{j<k} tb_j / vpp before the end.
+    chunk syncs during its own last backward (`_chunk_windows`); the final backward then
+    reaches stage k sum_{j<k} tb_j / vpp before the end.
     """
     lay = w.layout
-    interleaved = vpp > 1
     stages = []
     for k in range(lay.pp):
-        ops = _stage_ops(w.model, lay, k)
+        flops = sum(op.flops for ops in chunk_ops(w.model, lay, k, vpp) for op in ops)
         busy = lay.num_micro_batches * (tf[k] + tb[k])
-        flops = sum(op.flops for op in ops)
         rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
-        if interleaved:
-            windows = _interleaved_windows(w, th, k, compute_end - sum(tb[:k]) / vpp, tb[k],
-                                           vpp, bucket_later_stages)
-        else:
-            bwd_end = compute_end - sum(tb[:k])
-            stage_th = th if k == 0 or bucket_later_stages else ONE_BUCKET
-            windows = [(ops, bwd_end - tb[k], stage_th)]
+        windows = _chunk_windows(w, th, k, compute_end - sum(tb[:k]) / vpp, tb[k], vpp,
+                                 bucket_later_stages)
         stages.append(_stage(k, windows, busy, w, rate, pipelined_hops))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s
