@@ -6,7 +6,8 @@ virtual stages) the row says what was assumed. Hardware constants are the profil
 `megatron_lgs/lgs/gpus.py` (data sheets and microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
-time where the source gives that (Korthikanti et al.). Offline, pure Python:
+time (Korthikanti et al.) or tokens per second (Megatron-Bridge) where the source gives that.
+Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -192,8 +193,35 @@ def megatron_moe_rows() -> list[dict]:
              "run": MEGATRON_MOE_RUN}]
 
 
+MEGATRON_BRIDGE = ("NeMo Megatron-Bridge docs/performance-summary.md, 25.11 NeMo container, "
+                   "DGX-H100 table (commit 5776a6d90 of 2025-12-10), with the recipe of the same "
+                   "commit (scripts/performance/configs/llama/llama3_llm_pretrain.py, "
+                   "llama3_workload_base_configs.py; src/megatron/bridge/recipes/llama/llama3.py)")
+# Llama 3 70B (80 layers, hidden 8192, SwiGLU FFN 28672, 64 heads with 8 KV groups, vocabulary
+# 128256, untied), FP8 with current scaling, 64 H100, sequence 8192, TP4 PP8 VP5, micro-batch 1,
+# global batch 128: every knob published. The recipe: sequence parallelism, distributed
+# optimizer with overlapped gradient reduction and parameter gathers, BF16 gradient reduction
+# (`grad_reduce_in_fp32 = False`), no recompute, TE's TP communication overlap (with a
+# hand-tuned userbuffers table; the model follows TE's default overlap pattern). The source's
+# TFLOP/s count causal attention (half the score FLOPs Megatron-LM counted in 2024), so the
+# row compares tokens per second, which needs no FLOP convention. Its Llama 3.1 405B row (126
+# layers split unevenly over PP8 x VP8 chunks) does not fit the model's even layer split.
+MEGATRON_BRIDGE_RUN = {"id": "bridge-llama3-70b-fp8", "gpu": "h100-sxm", "num_gpus": 64,
+                       "num_layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
+                       "kv_heads": 8, "vocab": 128256, "seq_length": 8192, "tp": 4, "pp": 8,
+                       "vpp": 5, "micro_batch": 1, "global_batch": 128, "recompute": "none",
+                       "precision": "fp8", "swiglu": True, "distributed_optimizer": True,
+                       "tp_comm_overlap": True, "grad_reduce_in_fp32": False}
+
+
+def megatron_bridge_rows() -> list[dict]:
+    return [{"source": MEGATRON_BRIDGE, "published": 1602.0, "metric": "tokens/s/GPU",
+             "run": MEGATRON_BRIDGE_RUN}]
+
+
 def published_rows() -> list[dict]:
-    return narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
+    return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
+            + megatron_bridge_rows())
 
 
 UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
@@ -231,6 +259,8 @@ def metric(row: dict, est: StepEstimate) -> float:
     r = est.run
     if row["metric"] == "iteration time s":
         return est.step_time_s
+    if row["metric"] == "tokens/s/GPU":
+        return r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
     if row["metric"].endswith("(with recompute)"):
         return flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
     return est.tflops_per_gpu

@@ -17,7 +17,9 @@ Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedu
 p2p_scatter_gather (false; true: Megatron-LM of 2021's default scatter-gather of pipeline
 sends over the TP group), tp_async_backward (true: Transformer Engine runs the column-parallel
 backward's collectives beside the gradient GEMMs; false: Megatron-LM of 2021's blocking
-all-reduce, see `tpcomm`).
+all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and reduced in
+FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config left at
+BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Run:
     overlap_p2p_comm: bool = True
     p2p_scatter_gather: bool = False
     tp_async_backward: bool = True
+    grad_reduce_in_fp32: bool = True
 
     @property
     def num_micro_batches(self) -> int:

@@ -1,13 +1,14 @@
 """Peak memory per GPU of a run: model states by ZeRO stage, activations by recompute mode.
 
 States per parameter of the heaviest stage: BF16/FP16 weights (2 B), gradient buffer (4 B FP32
-with BF16/FP8, as Megatron-LM forces with BF16; 2 B with FP16), Adam's FP32 master weights and
-two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2 the
-gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow Korthikanti
-et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b bytes with
-sequence parallelism), generalized to GQA, SwiGLU, MoE and fused attention (which keeps no
-score matrix); full recompute keeps each layer's input plus one layer's working set; 1F1B
-holds pp - k micro-batches on stage k, interleaving (1 + (pp - 1) / (pp v)) times that.
+with BF16/FP8 unless `grad_reduce_in_fp32` is off; 2 B with FP16), Adam's FP32 master weights
+and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2
+the gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow
+Korthikanti et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b
+bytes with sequence parallelism), generalized to GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at
+1 B) and fused attention (which keeps no score matrix); full recompute keeps each layer's
+input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving
+(1 + (pp - 1) / (pp v)) times that.
 A fixed 10% of the GPU is reserved for the CUDA context, NCCL buffers and fragmentation.
 """
 
@@ -38,7 +39,7 @@ class MemoryEstimate:
 
 
 def grad_bytes(r: Run) -> int:
-    return 2 if r.precision == "fp16" else 4
+    return 4 if r.grad_reduce_in_fp32 and r.precision != "fp16" else 2
 
 
 def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
@@ -62,19 +63,22 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     tok = r.micro_batch * r.seq_length / r.cp
     h, kv = r.hidden, r.kv_dim
     # Norm inputs, QKV / fc1 inputs, dropout masks (1 B) are sequence-sharded with SP; Q, K, V,
-    # the projection input and the MLP activations are head-sharded.
-    attn = (2 * h + 2 * h + h) / sp + (2 * h + 4 * kv + 2 * h) / t
+    # the projection input and the MLP activations are head-sharded. x: bytes of a saved GEMM
+    # input, FP8 when the GEMM runs in FP8 (Transformer Engine keeps the quantized input for
+    # the weight gradient: `linear.py`, `layernorm_linear.py`, `layernorm_mlp.py` of v2.7).
+    x = 1 if r.precision == "fp8" else 2
+    attn = (2 * h + x * h + h) / sp + (2 * h + 4 * kv + x * h) / t
     # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
     scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
     mats = 2 if r.swiglu else 1
     if r.num_experts:
         f = r.expert_ffn / r.etp
         expert_tokens = r.moe_topk / t * r.etp
-        mlp = (2 * h + 2 * h + h) / sp + expert_tokens * (2 * h + 2 * f * mats + 2 * f) + \
+        mlp = (2 * h + 2 * h + h) / sp + expert_tokens * (x * h + 2 * f * mats + x * f) + \
             2 * h * r.moe_topk / t
     else:
         f = r.ffn_hidden / t
-        mlp = (2 * h + 2 * h + h) / sp + 2 * f * mats + 2 * f
+        mlp = (2 * h + x * h + h) / sp + 2 * f * mats + x * f
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 

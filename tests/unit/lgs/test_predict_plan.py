@@ -130,7 +130,11 @@ def test_published_rows_cite_and_validate() -> None:
     from megatron_lgs.lgs.runspec import run_from_dict
 
     rows = published_rows()
-    assert len(rows) >= 28 and any(r["run"].get("num_experts") for r in rows)
+    assert len(rows) >= 29 and any(r["run"].get("num_experts") for r in rows)
+    assert any(r["run"].get("precision") == "fp8" for r in rows)
     for row in rows:
         assert row["source"] and row["published"] > 0
-        run_from_dict(row["run"])
+        run = run_from_dict(row["run"])
+        # These layouts ran: the memory model must not call them out of memory.
+        if row.get("micro_batch") != "not published":
+            assert predict_run(run).fits_memory, run.id

@@ -209,6 +209,10 @@ def test_sync_gather_optimizer_terms_by_hand() -> None:
     assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
     no_overlap = predict_run(replace(r, overlap_grad_reduce=False))
     assert no_overlap.breakdown["dp_grad_sync"] > est.breakdown["dp_grad_sync"]
+    # BF16 gradients (grad_reduce_in_fp32 off) halve the bytes the replay reduces.
+    bf16 = predict_run(replace(r, grad_reduce_in_fp32=False))
+    assert sync_workload(bf16.run, hw).layout.grad_bytes == 2
+    assert bf16.sync.comm_s < 0.6 * est.sync.comm_s
 
 
 def test_memory_by_hand_and_params_match_workload() -> None:
@@ -218,8 +222,13 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     full, scores, inp = layer_activation_bytes(r)
     assert full == pytest.approx(s * b * h * 34 / t + 5 * a * s * s * b / t)
     assert scores == pytest.approx(5 * a * s * s * b / t) and inp == pytest.approx(2 * s * h / t)
+    # FP8 keeps the four GEMM inputs (QKV, projection, FC1, FC2: h, h, h, 4h) at 1 B, not 2.
+    fp8_full, _, _ = layer_activation_bytes(replace(r, precision="fp8"))
+    assert full - fp8_full == pytest.approx(s * b * (h + h + h + 4 * h) / t)
     dense, expert = 1e9, 0.0
     assert states_bytes(r, dense, expert) == pytest.approx(1e9 * (2 + 4 + 12))
+    bf16_grads = replace(r, grad_reduce_in_fp32=False)
+    assert states_bytes(bf16_grads, dense, expert) == pytest.approx(1e9 * (2 + 2 + 12))
     assert states_bytes(replace(r, zero=1), dense, expert) == pytest.approx(1e9 * (6 + 12 / 8))
     moe = run(num_experts=16, ep=4, pp=2, swiglu=True, kv_heads=8)
     w = sync_workload(moe, link_profile(A100))
