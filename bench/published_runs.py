@@ -211,7 +211,8 @@ MEGATRON_BRIDGE_RUN = {"id": "bridge-llama3-70b-fp8", "gpu": "h100-sxm", "num_gp
                        "kv_heads": 8, "vocab": 128256, "seq_length": 8192, "tp": 4, "pp": 8,
                        "vpp": 5, "micro_batch": 1, "global_batch": 128, "recompute": "none",
                        "precision": "fp8", "swiglu": True, "distributed_optimizer": True,
-                       "tp_comm_overlap": True, "grad_reduce_in_fp32": False}
+                       "tp_comm_overlap": True, "grad_reduce_in_fp32": False,
+                       "fp8_recipe": "current"}
 
 
 def megatron_bridge_rows() -> list[dict]:

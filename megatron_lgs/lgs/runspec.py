@@ -19,7 +19,9 @@ sends over the TP group), tp_async_backward (true: Transformer Engine runs the c
 backward's collectives beside the gradient GEMMs; false: Megatron-LM of 2021's blocking
 all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and reduced in
 FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config left at
-BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16).
+BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
+fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current
+scaling, NeMo's FP8-CS; read only when precision is fp8).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from megatron_lgs.lgs.gpus import GPUS
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8")
+FP8_RECIPES = ("delayed", "current")
 
 
 class RunError(ValueError):
@@ -81,6 +84,7 @@ class Run:
     p2p_scatter_gather: bool = False
     tp_async_backward: bool = True
     grad_reduce_in_fp32: bool = True
+    fp8_recipe: str = "delayed"
 
     @property
     def num_micro_batches(self) -> int:
@@ -167,6 +171,8 @@ def check_run(r: Run) -> None:
         raise RunError("recompute", f"must be one of {RECOMPUTE}, got {r.recompute!r}")
     if r.precision not in PRECISIONS:
         raise RunError("precision", f"must be one of {PRECISIONS}, got {r.precision!r}")
+    if r.fp8_recipe not in FP8_RECIPES:
+        raise RunError("fp8_recipe", f"must be one of {FP8_RECIPES}, got {r.fp8_recipe!r}")
     gpu = GPUS[r.gpu]
     if r.precision == "fp8" and gpu.fp8_tflops is None:
         raise RunError("precision", f"{r.gpu} has no FP8 tensor cores")

@@ -2,8 +2,9 @@
 
 Per micro-batch and pipeline stage, every op of a layer is timed by `kernels` (GEMMs on a
 roofline with the profile's shape-dependent efficiency; attention with its s^2 part, fused or
-as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts), and
-the model-parallel communication is added where Megatron puts it on the critical path:
+as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts and
+FP8 casts), and the model-parallel communication is added where Megatron puts it on the
+critical path:
 
 - tensor parallel: each linear layer's collectives (all-reduces, or with sequence parallelism
   all-gathers and reduce-scatters, 4 forward and 6 backward per layer) on the intra-node link
@@ -82,6 +83,16 @@ LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
 # logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
 # (2); backward multiplies in place (2) and casts the gradient back to BF16 (1 + 0.5).
 CE_PASSES_FWD, CE_PASSES_BWD = 9.5, 3.5
+# Transformer Engine (v2.7, `Float8Quantizer` / `Float8CurrentScalingQuantizer`) casts every
+# FP8 GEMM operand that is an activation or a gradient in a memory-bound pass of its own:
+# read the BF16 tensor, write FP8 row-wise (for its GEMM) and column-wise (for the other
+# gradient GEMM), 2 + 1 + 1 bytes per element; current scaling first reads it once more for
+# its amax (+2). A norm followed by a GEMM (QKV, FC1) quantizes inside the norm kernel with
+# delayed scaling (no pass); with current scaling the norm writes BF16 and its amax, and one
+# cast pass follows (`normalization.cpp`, `force_unfused_kernel`). Weights are cast once per
+# step, not counted.
+FP8_QUANTIZE_BYTES = {"delayed": 4.0, "current": 6.0}
+FP8_NORM_FUSED_BYTES = {"delayed": 0.0, "current": 4.0}
 
 
 @dataclass
@@ -164,6 +175,32 @@ def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
     return fwd, bwd, elem_f, elem_b, a2a
 
 
+def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one layer's FP8 casts: forward the inputs of the four
+    GEMMs (QKV and FC1 after their norms, sequence-sharded with SP; projection and FC2
+    head-sharded), backward their output gradients (QKV, FC1 head-sharded; projection and FC2
+    sequence-sharded, cast before the all-gather). MoE: the experts' grouped GEMMs in FP8, the
+    router in BF16."""
+    if r.precision != "fp8":
+        return 0.0, 0.0
+    t, h = r.tp, r.hidden
+    sp = t if r.sequence_parallel else 1
+    q, fused = FP8_QUANTIZE_BYTES[r.fp8_recipe], FP8_NORM_FUSED_BYTES[r.fp8_recipe]
+    mats = 2 if r.swiglu else 1
+    if r.num_experts:
+        copies = tok * r.moe_topk / t * r.etp
+        f = r.expert_ffn / r.etp
+        mlp_in, mlp_grads = copies * (h + f), copies * (f * mats + h)
+        norm_in = tok / sp * h  # QKV only: the router reads the MLP norm's BF16 output
+    else:
+        f = r.ffn_hidden / t
+        mlp_in, mlp_grads = tok * f, tok * f * mats + tok / sp * h
+        norm_in = 2 * tok / sp * h
+    fwd = fused * norm_in + q * (tok * h / t + mlp_in)
+    bwd = q * (tok * (h + 2 * r.kv_dim) / t + tok / sp * h + mlp_grads)
+    return fwd, bwd
+
+
 def _host_bound(r: Run, c: Cost) -> None:
     """The GPU waits for the host where launching a layer's kernels outlasts running them.
 
@@ -212,8 +249,9 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     # Norms, bias-dropout-adds (h-sized, sequence-sharded with SP): 11 passes fwd, 13 bwd.
     sp = t if r.sequence_parallel else 1
     act = tok / sp * h * 2
-    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score, gpu)
-    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score, gpu)
+    q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
+    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd, gpu)
+    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd, gpu)
     c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(
         r, gpu, hw, tok, column, row, unpaired=1 if r.num_experts else 0)
     if r.cp > 1:

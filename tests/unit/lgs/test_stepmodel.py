@@ -15,7 +15,7 @@ from megatron_lgs.lgs.kernels import (
     gemm_efficiency,
     gemm_time,
 )
-from megatron_lgs.lgs.runspec import run_from_dict
+from megatron_lgs.lgs.runspec import RunError, run_from_dict
 from megatron_lgs.lgs.stepmemory import layer_activation_bytes, states_bytes
 from megatron_lgs.lgs.stepmodel import (
     compute_phase,
@@ -284,6 +284,28 @@ def test_elementwise_and_unfused_attention_by_hand() -> None:
     assert u.fwd["attention"] == pytest.approx(heads * (qk + av))
     score = tok * heads * s * 2
     assert u.fwd["elementwise"] - c.fwd["elementwise"] == pytest.approx(4.5 * score / hbm)
+
+
+def test_fp8_casts_by_hand() -> None:
+    """FP8 adds Transformer Engine's casts of the GEMM operands to the element-wise traffic:
+    4 B per element (read BF16, write FP8 row- and column-wise), 6 B with current scaling; the
+    norm-fed inputs (QKV, FC1) cost nothing with delayed scaling, 4 B with current."""
+    h100 = get_gpu("h100-sxm")
+    r = run(gpu="h100-sxm", pp=1, num_gpus=32, kv_heads=8)  # TP4 with SP, GeLU MLP 4h, GQA
+    hw = link_profile(h100)
+    tok, h, t, f, kv = 2048, 4096, 4, 4 * 4096, 1024
+    hbm = 3350e9 * HBM_EFFICIENCY
+    bf16 = layer_cost(r, h100, hw)
+    ins = tok * h / t + tok * f / t  # projection and FC2 inputs
+    norm_ins = 2 * tok / t * h  # QKV and FC1 inputs, SP shard
+    grads = tok * (h + 2 * kv) / t + tok / t * h + tok * f / t + tok / t * h
+    for recipe, q, fused in (("delayed", 4, 0), ("current", 6, 4)):
+        fp8 = layer_cost(replace(r, precision="fp8", fp8_recipe=recipe), h100, hw)
+        assert fp8.fwd["elementwise"] - bf16.fwd["elementwise"] == pytest.approx(
+            (q * ins + fused * norm_ins) / hbm)
+        assert fp8.bwd["elementwise"] - bf16.bwd["elementwise"] == pytest.approx(q * grads / hbm)
+    with pytest.raises(RunError, match="fp8_recipe"):
+        run(fp8_recipe="mxfp8")
 
 
 def test_zero3_gathers_per_micro_batch() -> None:
