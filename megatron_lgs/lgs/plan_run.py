@@ -34,9 +34,9 @@ from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
 HOPPER = ("h100-sxm", "h800", "h200")
-HOPPER_CAVEAT = ("Hopper: every published Megatron-Core H100 run was slower than this model "
-                 "predicts (bench/published_runs.py); rank layouts by it, do not take its MFU "
-                 "as a promise")
+HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (NVIDIA's, "
+                 "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
+                 "25%; rank layouts by it, do not take its MFU as a promise")
 ROW_GRID_MB = [16, 64, 256]
 
 
