@@ -17,8 +17,8 @@ LIMIT_S=${GPU_CHECK_LIMIT_S:-420}
 SITE=${GPU_SITE:-/tmp/megatron-lgs-gpu-site}
 # Cheapest and most telling first: a cut-short run still has the basics.
 TESTS=(tests/gpu/test_gpu_local.py tests/gpu/test_gpu_lgs.py tests/gpu/test_gpu_checkpoint.py
-       tests/gpu/test_gpu_mfu.py tests/gpu/test_gpu_zero.py tests/gpu/test_gpu_smoke.py
-       tests/gpu/test_gpu_te.py)
+       tests/gpu/test_gpu_mfu.py tests/gpu/test_gpu_stepmodel.py tests/gpu/test_gpu_zero.py
+       tests/gpu/test_gpu_smoke.py tests/gpu/test_gpu_te.py)
 
 fail() { echo "gpu_check: $*" >&2; exit 2; }
 
