@@ -7,8 +7,7 @@ virtual stages) the row says what was assumed. Hardware constants are the profil
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
 time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge) where the source gives
-that.
-Offline, pure Python:
+that. Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -230,16 +229,17 @@ NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md, 'Pretrainin
 # `grad_sync_dtype: bf16`; with FP32 gradients the model puts three of these layouts over
 # 80 GB), no recompute, flash attention. GPT-3: GeLU MLP 4h, GPT-2 vocabulary padded to
 # 50304, tied embeddings; Llama 2 / 3: SwiGLU, untied. Compared in tokens per second.
+GPT3, LLAMA = {"swiglu": False, "untie_embeddings": False}, {"swiglu": True}
 NEMO_MODELS = {
-    # layers, hidden, heads, kv heads, ffn (0: 4h), vocab, sequence, swiglu
-    "gpt3-5b": (24, 4096, 32, 32, 0, 50304, 2048, False),
-    "gpt3-20b": (44, 6144, 48, 48, 0, 50304, 2048, False),
-    "gpt3-175b": (96, 12288, 96, 96, 0, 50304, 2048, False),
-    "llama2-7b": (32, 4096, 32, 32, 11008, 32000, 4096, True),
-    "llama2-13b": (40, 5120, 40, 40, 13824, 32000, 4096, True),
-    "llama2-70b": (80, 8192, 64, 8, 28672, 32000, 4096, True),
-    "llama3-8b": (32, 4096, 32, 8, 14336, 128256, 8192, True),
-    "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 8192, True),
+    # layers, hidden, heads, kv heads, ffn (0: 4h), vocab, sequence, family
+    "gpt3-5b": (24, 4096, 32, 32, 0, 50304, 2048, GPT3),
+    "gpt3-20b": (44, 6144, 48, 48, 0, 50304, 2048, GPT3),
+    "gpt3-175b": (96, 12288, 96, 96, 0, 50304, 2048, GPT3),
+    "llama2-7b": (32, 4096, 32, 32, 11008, 32000, 4096, LLAMA),
+    "llama2-13b": (40, 5120, 40, 40, 13824, 32000, 4096, LLAMA),
+    "llama2-70b": (80, 8192, 64, 8, 28672, 32000, 4096, LLAMA),
+    "llama3-8b": (32, 4096, 32, 8, 14336, 128256, 8192, LLAMA),
+    "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 8192, LLAMA),
 }
 NEMO_RUNS = [
     # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU
@@ -258,13 +258,13 @@ NEMO_RUNS = [
 def nemo_rows() -> list[dict]:
     rows = []
     for model, gpus, batch, mbs, tp, pp, cp, vp, tokens in NEMO_RUNS:
-        layers, hidden, heads, kv, ffn, vocab, seq, swiglu = NEMO_MODELS[model]
+        layers, hidden, heads, kv, ffn, vocab, seq, family = NEMO_MODELS[model]
         rows.append({
             "source": NEMO, "published": float(tokens), "metric": "tokens/s/GPU",
             "run": {"id": f"nemo-{model}-{gpus}", "gpu": "h100-sxm", "num_gpus": gpus,
                     "num_layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
-                    "ffn_hidden": ffn or None, "vocab": vocab, "seq_length": seq,
-                    "swiglu": swiglu, "untie_embeddings": swiglu, "tp": tp, "pp": pp,
+                    "ffn_hidden": ffn or None, "vocab": vocab, "seq_length": seq, **family,
+                    "tp": tp, "pp": pp,
                     "cp": cp, "vpp": vp, "micro_batch": mbs, "global_batch": batch,
                     "precision": "fp8", "distributed_optimizer": True,
                     "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False}})
