@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from megatron_lgs import context_parallel
-from megatron_lgs.arguments import Config, ConfigError, parse_args
+from megatron_lgs.arguments import parse_args
 from megatron_lgs.model import build_model
 from megatron_lgs.platform import Platform, get_platform
+from megatron_lgs.run_config import Config, ConfigError
 from megatron_lgs.training import Datasets, pretrain
 
 

@@ -38,9 +38,9 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
 from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
-from megatron_lgs.arguments import CheckpointConfig, ConfigError
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.platform import use_forked_save_queue
+from megatron_lgs.run_config import CheckpointConfig, ConfigError
 from megatron_lgs.run_state import RunState
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

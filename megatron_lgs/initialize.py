@@ -13,8 +13,8 @@ from megatron.core import parallel_state
 from megatron.core.rerun_state_machine import RerunMode, initialize_rerun_state_machine
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from megatron_lgs.arguments import Config, ConfigError
 from megatron_lgs.platform import Platform
+from megatron_lgs.run_config import Config, ConfigError
 
 
 def check_platform(cfg: Config, platform: Platform) -> None:

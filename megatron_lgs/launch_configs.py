@@ -9,7 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from megatron_lgs.arguments import Config, parse_args
+from megatron_lgs.arguments import parse_args
+from megatron_lgs.run_config import Config
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "launch" / "configs"
 

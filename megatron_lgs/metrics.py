@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from megatron_lgs.arguments import LoggingConfig
 from megatron_lgs.lgs.sync import StepStats
+from megatron_lgs.run_config import LoggingConfig
 
 # Dense BF16 peak TFLOP/s per GPU, from the vendors' spec sheets; MFU is printed only for these.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}

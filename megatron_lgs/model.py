@@ -25,10 +25,10 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from megatron_lgs.arguments import Config
 from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
+from megatron_lgs.run_config import Config
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from megatron_lgs.arguments import Config, ModelConfig
+from megatron_lgs.run_config import Config, ModelConfig
 
 MODEL_FILE = "model.json"
 TOKENIZER_FILE = "tokenizer.json"

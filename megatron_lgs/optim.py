@@ -26,12 +26,12 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_lgs import fsdp_checkpoint
-from megatron_lgs.arguments import Config, ConfigError, warmup_iters
 from megatron_lgs.lgs import sync
 from megatron_lgs.lgs.finebuffer import fine_bucket_size
 from megatron_lgs.lgs.plan import PlanError
 from megatron_lgs.model import params_dtype
 from megatron_lgs.platform import get_platform
+from megatron_lgs.run_config import Config, ConfigError, warmup_iters
 
 
 def wrap_ddp(cfg: Config, chunks: list[torch.nn.Module],

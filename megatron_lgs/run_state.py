@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from megatron_lgs.arguments import Config, OptimizerConfig
+from megatron_lgs.run_config import Config, OptimizerConfig
 
 
 @dataclass

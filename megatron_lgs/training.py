@@ -31,7 +31,7 @@ from megatron_lgs import (
     moe_load,
     stability,
 )
-from megatron_lgs.arguments import Config, ConfigError, fail
+from megatron_lgs.arguments import fail
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
 from megatron_lgs.model import flops_per_token, num_parameters
@@ -43,6 +43,7 @@ from megatron_lgs.optim import (
     wrap_ddp,
 )
 from megatron_lgs.platform import Platform, get_platform
+from megatron_lgs.run_config import Config, ConfigError
 from megatron_lgs.run_state import RunState, config_fingerprint
 
 # (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfig
 
-from megatron_lgs.arguments import ModelConfig
 from megatron_lgs.convert.errors import ConvertError
+from megatron_lgs.run_config import ModelConfig
 
 # What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
 # another value cannot be expressed on the other side.

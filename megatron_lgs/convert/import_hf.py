@@ -20,11 +20,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from megatron_lgs import model_record
-from megatron_lgs.arguments import ModelConfig
 from megatron_lgs.convert import checkpoint_io, hf_mapping
 from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.convert.export import check_target, run_tokenizer
 from megatron_lgs.model_record import ModelRecord
+from megatron_lgs.run_config import ModelConfig
 
 
 def _first_line(exc: BaseException) -> str:

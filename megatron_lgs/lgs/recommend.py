@@ -16,8 +16,8 @@ from megatron_lgs.lgs.hardware import resolve_profile
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig
 
-if TYPE_CHECKING:  # arguments.py may import this package for its --lgs flags: no import cycle
-    from megatron_lgs.arguments import Config
+if TYPE_CHECKING:  # run_config imports this package for the --lgs flags: no import cycle
+    from megatron_lgs.run_config import Config
 
 # Without a GPU (CPU runs) or with one we have no profile for: the seed's cluster (A100, HDR).
 DEFAULT_PROFILE = "a100-hdr"

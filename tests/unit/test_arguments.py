@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_lgs.arguments import ConfigError, parse_args, validate
+from megatron_lgs.arguments import parse_args
+from megatron_lgs.run_config import ConfigError
+from megatron_lgs.validation import validate
 from tests.conftest import _base_env
 from tests.forked_ranks import run_ranks
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_lgs.arguments import ConfigError
 from megatron_lgs.checkpointing import TRACKER_FILE, checkpoint_dir, latest_iteration
+from megatron_lgs.run_config import ConfigError
 
 
 def test_no_tracker_means_fresh_start(tmp_path):

@@ -10,9 +10,9 @@ import torch
 from transformers import GPT2Config, LlamaConfig, MixtralConfig, OPTConfig
 
 import megatron_lgs  # noqa: F401
-from megatron_lgs.arguments import ModelConfig
 from megatron_lgs.convert import hf_mapping
 from megatron_lgs.convert.errors import ConvertError
+from megatron_lgs.run_config import ModelConfig
 
 GPT2 = ModelConfig()
 LLAMA = ModelConfig(position_embedding_type="rope", normalization="RMSNorm", swiglu=True)

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from megatron_lgs.arguments import PrecisionConfig, parse_args
+from megatron_lgs.arguments import parse_args
 from megatron_lgs.model import transformer_config
 from megatron_lgs.platform import get_platform
+from megatron_lgs.run_config import PrecisionConfig
 from tests.conftest import run_pretrain
 
 K = 5  # the iteration whose gradients overflow
