@@ -2,7 +2,11 @@
 
 Each TP linear layer of a transformer layer is one GEMM forward, a data-gradient and a
 weight-gradient GEMM backward, and the collectives that come with it (one collective moves
-the tok x h activation, BF16):
+the tok x h activation, BF16, except that under FP8 with sequence parallelism Transformer
+Engine gathers the GEMM inputs already quantized, 1 byte each: the norm output, the saved
+input re-gathered for the weight gradient and the output gradient; v1.8 gathers the FP8
+`ln_out` the norm kernel wrote, v2.x passes its quantizer to `gather_along_first_dim`; the
+reduce-scatters and all-reduces stay BF16):
 
 - without sequence parallelism: the row-parallel output is all-reduced after the forward
   (blocking), and the column-parallel input gradient after the data gradient; Transformer
@@ -89,6 +93,7 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
     if r.tp <= 1:
         return 0.0, 0.0
     link, nbytes = tp_link(r, hw), tok * r.hidden * 2
+    gathered = nbytes / 2 if r.precision == "fp8" else nbytes
     if not r.sequence_parallel:
         ar = tp_collective_time("all_reduce", nbytes, r.tp, link)
         fwd = ar * (len(row) + unpaired)
@@ -97,9 +102,10 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
         else:
             bwd = ar * (len(column) + unpaired)
         return fwd, bwd
-    ag = tp_collective_time("all_gather", nbytes, r.tp, link)
+    ag = tp_collective_time("all_gather", gathered, r.tp, link)
     rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
-    blocking = (ag + rs) * unpaired
+    # The MoE token gather and scatter are megatron-core's, on BF16 hidden states.
+    blocking = (tp_collective_time("all_gather", nbytes, r.tp, link) + rs) * unpaired
     if not r.tp_comm_overlap:
         fwd = ag * len(column) + rs * len(row)
         bwd = ag * len(row) + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)

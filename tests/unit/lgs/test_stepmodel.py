@@ -127,6 +127,21 @@ def test_tp_comm_term_by_hand() -> None:
         2 * (reduce_scatter_time(nbytes, 16, hw.inter) + all_gather_time(nbytes, 16, hw.inter)))
 
 
+def test_fp8_tp_all_gathers_carry_one_byte() -> None:
+    """Under FP8 with SP, TE gathers quantized GEMM inputs (1 B); reduce-scatters stay BF16."""
+    r = run(gpu="h100-sxm", precision="fp8")
+    h100 = get_gpu("h100-sxm")
+    hw = link_profile(h100)
+    act = 2048 * 4096
+    ag, rs = all_gather_time(act, 4, hw.intra), reduce_scatter_time(2 * act, 4, hw.intra)
+    c = layer_cost(r, h100, hw)
+    assert c.fwd["tp_comm"] == pytest.approx(2 * (ag + rs))
+    bf16 = layer_cost(replace(r, precision="bf16"), h100, hw)
+    assert bf16.fwd["tp_comm"] == pytest.approx(
+        2 * (all_gather_time(2 * act, 4, hw.intra) + rs))
+    assert c.fwd["tp_comm"] < bf16.fwd["tp_comm"]
+
+
 def test_cp_ring_by_hand() -> None:
     r = run(cp=2, tp=2, heads=32)
     hw = link_profile(A100)
