@@ -2,17 +2,19 @@
 
 Per GPU of the heaviest stage: bf16 params, fp32 gradient buffer, and Adam's fp32 master
 weights + two moments (12 bytes/param) sharded ZeRO-1 over the (expert-)DP group; activations
-from Megatron's estimate s*b*h*(34 + 5*a*s/h)/tp bytes per layer per micro-batch (sequence
-parallel; selective recompute drops the 5*a*s/h term), with 1F1B holding min(pp, M)
-micro-batches on the first stage. A threshold T costs 2T of staging buffers (the bucket being
-reduced plus the one filling behind it); a fraction of memory is reserved for the allocator,
-NCCL and workspace.
+as the whole-step model counts them (`stepmemory.activation_bytes`: sequence parallel, fused
+attention unless told otherwise, 1F1B's in-flight micro-batches, the last stage's FP32
+logits), so the LGS recommendation and the planner share one memory model. A threshold T
+costs 2T of staging buffers (the bucket being reduced plus the one filling behind it); a
+fraction of memory is reserved for the allocator, NCCL and workspace.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_lgs.lgs import stepmemory
+from megatron_lgs.lgs.runspec import Run
 from megatron_lgs.lgs.workload import (
     DENSE,
     EXPERT,
@@ -50,11 +52,21 @@ def states_bytes(model: ModelConfig, lay: Layout) -> float:
     return worst
 
 
-def activation_bytes(model: ModelConfig, lay: Layout, selective_recompute: bool = False) -> float:
-    s, b, h, a = model.seq_length, lay.micro_batch_size, model.hidden, model.num_heads
-    per_layer = s * b * h * (34 + (0 if selective_recompute else 5 * a * s / h)) / lay.tp
-    in_flight = min(lay.pp, lay.num_micro_batches)
-    return per_layer * (model.num_layers // lay.pp) * in_flight
+def activation_bytes(model: ModelConfig, lay: Layout, selective_recompute: bool = False,
+                     flash_attention: bool = True) -> float:
+    """Activations of the heaviest pipeline stage, one GPU (`stepmemory.activation_bytes`)."""
+    r = Run(id="memwall", gpu="a100-80gb", num_gpus=lay.world, num_layers=model.num_layers,
+            hidden=model.hidden, heads=model.num_heads, vocab=model.vocab,
+            seq_length=model.seq_length, tp=lay.tp, pp=lay.pp,
+            micro_batch=lay.micro_batch_size,
+            global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
+            gpus_per_node=lay.gpus_per_node, ffn_hidden=model.ffn_hidden,
+            kv_heads=model.num_query_groups or model.num_heads, dp=lay.dp, ep=lay.ep,
+            etp=lay.etp, recompute="selective" if selective_recompute else "none",
+            swiglu=model.swiglu, num_experts=model.num_experts or 0, moe_topk=model.moe_topk,
+            moe_ffn_hidden=model.moe_ffn_hidden or 0, sequence_parallel=lay.tp > 1,
+            flash_attention=flash_attention, untie_embeddings=model.untie_embeddings)
+    return max(stepmemory.activation_bytes(r, k) for k in range(lay.pp))
 
 
 def memory_wall(model: ModelConfig, lay: Layout, memory_bytes: float,

@@ -1,5 +1,7 @@
-"""Layout planner: `python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware
-PROFILE --global-batch B`.
+"""Layout planner: the fastest layouts of a model on N GPUs that fit in memory, predicted.
+
+`python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware PROFILE
+--global-batch B`.
 
 CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`; a bare name is a preset
 first) or a launch config (`launch/configs/gpt-10b.sh`, or a name that is no preset); its own
@@ -24,7 +26,9 @@ from megatron_lgs.lgs.planner import (
     Plan,
     best_of,
     candidates,
-    flag_line,
+    layout_flags,
+    lgs_applies,
+    model_flags,
     threshold_sweep,
     with_thresholds,
 )
@@ -38,6 +42,16 @@ HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (N
                  "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
                  "25%; rank layouts by it, do not take its MFU as a promise")
 ROW_GRID_MB = [16, 64, 256]
+# What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
+# replaced, its other flags (model, optimizer, schedule) kept.
+LAYOUT_FLAGS = frozenset((
+    "--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--micro-batch-size",
+    "--global-batch-size", "--ddp-bucket-size"))
 
 
 def _preset(name: str, gpu: str) -> tuple[dict, dict]:
@@ -90,6 +104,42 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
     return model, layout
 
 
+def _without_layout(args: list[str]) -> list[str]:
+    """A launch config's argv without the flags (and their values) the planner chooses."""
+    from megatron_lgs.arguments import build_parser
+
+    takes_value = {o: a.nargs != 0 for a in build_parser()._actions for o in a.option_strings}
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in LAYOUT_FLAGS or name.startswith("--lgs"):
+            skip = "=" not in arg and takes_value.get(name, False)
+            continue
+        out.append(arg)
+    return out
+
+
+def model_args(spec: str, base: Run) -> list[str]:
+    """The flags of the model (and, for a launch config, everything but its layout)."""
+    from megatron_lgs.lgs.simulate import PRESETS
+
+    if spec in PRESETS and not spec.endswith(".sh"):
+        return model_flags(base)
+    from megatron_lgs.launch_configs import CONFIGS_DIR, config_args
+
+    path = Path(spec)
+    name, cdir = (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
+    return _without_layout(config_args(name, cdir))
+
+
+def best_flags(spec: str, base: Run, p: Plan) -> str:
+    """A launch/configs-style argv for plan `p`: the model's flags, then the layout's."""
+    return " ".join(model_args(spec, base) + layout_flags(p, base.global_batch))
+
+
 def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float | None
             ) -> tuple[Run, Run | None]:
     """(the model on `gpus` GPUs in a placeholder layout, the config's own layout or None)."""
@@ -121,9 +171,10 @@ def describe(r: Run) -> str:
 
 def row(i: int | str, p: Plan) -> str:
     e = p.estimate
+    lgs = (f"{p.thresholds_mb[0]:>5}/{p.thresholds_mb[1]:<5} {p.threshold_step_s:>8.3f} "
+           f"{p.grid_spread:>7.2%}" if p.thresholds_mb else f"{'-':>11} {'-':>8} {'-':>7}")
     return (f"{i!s:>4} {describe(e.run):<38} {e.step_time_s:>8.3f} {e.mfu:>6.1%} "
-            f"{e.memory.peak_bytes / 1e9:>6.1f} {p.thresholds_mb[0]:>5}/{p.thresholds_mb[1]:<5} "
-            f"{p.threshold_step_s:>8.3f} {p.grid_spread:>7.2%}")
+            f"{e.memory.peak_bytes / 1e9:>6.1f} {lgs}")
 
 
 def _vs(a: StepEstimate | None, b: StepEstimate | None, what_a: str, what_b: str) -> str:
@@ -197,7 +248,10 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     for i, p in enumerate(plans, 1):
         print(row(i, p))
     best = plans[0]
-    print(f"best flags: {flag_line(best, base.global_batch)}")
+    print(f"best flags: {best_flags(a.model, base, best)}")
+    if best.run.zero == 2:
+        print("note: this trainer checkpoints Megatron-FSDP only at ZeRO-3, so the ZeRO-2 "
+              "layout runs with --no-save; for a checkpointed run take a ZeRO-1 or ZeRO-3 row")
     if ref is not None:
         rp = with_thresholds(predict_run(ref))
         print(row("ref", rp) + f"  <- {a.model}'s own layout"
@@ -205,19 +259,26 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         print(f"best vs config layout: {rp.estimate.step_time_s / best.estimate.step_time_s:.3f}x")
     for line in questions(cands, best.estimate, base):
         print(f"answer: {line}")
-    print(f"answer: bucket thresholds on the best layout move the step by {best.grid_spread:.2%}"
-          " over the 8-256 MB grid (the 'spread' column)")
+    lgs_best = next((p for p in plans if p.thresholds_mb), None) or next(
+        (with_thresholds(e) for e in best_of(cands, 1, lgs_applies)), None)
+    if lgs_best is None:
+        print("answer: bucket thresholds: no layout LGS applies to (ZeRO 0/1) fits in memory")
+    else:
+        which = "the best layout" if lgs_best is best else \
+            f"the best layout LGS applies to (ZeRO 0/1: {describe(lgs_best.run)})"
+        print(f"answer: bucket thresholds on {which} move the step by "
+              f"{lgs_best.grid_spread:.2%} over the 8-256 MB grid (the 'spread' column)")
     if a.out_dir:
-        write_heatmaps(a.out_dir, a.model, best, ref)
+        write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans
 
 
-def write_heatmaps(out: Path, name: str, best: Plan, ref: Run | None) -> None:
+def write_heatmaps(out: Path, name: str, best: Plan | None, ref: Run | None) -> None:
     from megatron_lgs.lgs.simreport import write_heatmap
 
     out.mkdir(parents=True, exist_ok=True)
-    for tag, r in (("best", best.run), ("config", ref)):
-        if r is None:
+    for tag, r in (("best", best.run if best else None), ("config", ref)):
+        if r is None or not lgs_applies(r):
             continue
         preds = [e.sync for e in threshold_sweep(r)]
         path = out / f"plan_{name.replace('/', '_')}_{tag}_heatmap.png"

@@ -29,9 +29,11 @@ MAX_PP = 64
 @dataclass(frozen=True)
 class Plan:
     estimate: StepEstimate
-    thresholds_mb: tuple[int, int]
+    # LGS's thresholds and what they do: None for Megatron-FSDP (ZeRO 2/3), whose buckets are
+    # its own (the trainer refuses --lgs with --use-megatron-fsdp).
+    thresholds_mb: tuple[int, int] | None
     threshold_step_s: float  # the step with those thresholds
-    grid_spread: float  # (slowest - fastest) grid step / fastest
+    grid_spread: float | None  # (slowest - fastest) grid step / fastest
 
     @property
     def run(self) -> Run:
@@ -108,8 +110,15 @@ def threshold_sweep(r: Run, grid_mb: list[int] = GRID_MB) -> list[StepEstimate]:
     return [predict_run(r, Thresholds(i * MB, e * MB)) for i in grid_mb for e in grid_mb]
 
 
+def lgs_applies(r: Run) -> bool:
+    """LGS regroups megatron-core DDP's buckets: ZeRO 0/1, not Megatron-FSDP's ZeRO 2/3."""
+    return r.zero < 2
+
+
 def with_thresholds(est: StepEstimate, grid_mb: list[int] = GRID_MB) -> Plan:
     """LGS thresholds for a layout: the fastest grid point whose staging (2 x intra) still fits."""
+    if not lgs_applies(est.run):
+        return Plan(est, None, est.step_time_s, None)
     sweep = threshold_sweep(est.run, grid_mb)
     room = est.memory.limit_bytes - est.memory.peak_bytes
     ok = [e for e in sweep if 2 * e.sync.thresholds.intra_bytes <= room] or sweep[:1]
@@ -121,8 +130,28 @@ def with_thresholds(est: StepEstimate, grid_mb: list[int] = GRID_MB) -> Plan:
                 (max(steps) - min(steps)) / min(steps))
 
 
-def flag_line(p: Plan, global_batch: int) -> str:
-    """Megatron-LM / launch/configs flags of a plan."""
+def model_flags(r: Run) -> list[str]:
+    """pretrain_gpt.py flags of the model a Run describes (GPT with learned positions and
+    LayerNorm; a launch config keeps its own model flags instead)."""
+    f = [f"--num-layers {r.num_layers}", f"--hidden-size {r.hidden}",
+         f"--ffn-hidden-size {r.ffn_hidden}", f"--num-attention-heads {r.heads}",
+         f"--seq-length {r.seq_length}", f"--max-position-embeddings {r.seq_length}",
+         f"--vocab-size {r.vocab}", f"--{r.precision}"]
+    if r.kv_heads != r.heads:
+        f += ["--group-query-attention", f"--num-query-groups {r.kv_heads}"]
+    if r.swiglu:
+        f.append("--swiglu")
+    if r.untie_embeddings:
+        f.append("--untie-embeddings-and-output-weights")
+    if r.num_experts:
+        f += [f"--num-experts {r.num_experts}", f"--moe-router-topk {r.moe_topk}"]
+        if r.moe_ffn_hidden:
+            f.append(f"--moe-ffn-hidden-size {r.moe_ffn_hidden}")
+    return f
+
+
+def layout_flags(p: Plan, global_batch: int) -> list[str]:
+    """Megatron-LM flags of a plan's layout, batch and (DDP layouts) LGS thresholds."""
     r = p.run
     f = [f"--tensor-model-parallel-size {r.tp}"]
     if r.sequence_parallel:
@@ -139,6 +168,8 @@ def flag_line(p: Plan, global_batch: int) -> str:
     elif r.zero >= 2:
         strategy = "optim_grads" if r.zero == 2 else "optim_grads_params"
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+        if r.zero == 2:  # the trainer checkpoints Megatron-FSDP's shards at ZeRO-3 only
+            f.append("--no-save")
     else:
         f.append("--overlap-grad-reduce")
     if r.recompute == "full":
@@ -146,7 +177,8 @@ def flag_line(p: Plan, global_batch: int) -> str:
               "--recompute-num-layers 1"]
     elif r.recompute == "selective":
         f.append("--recompute-granularity selective")
-    f += [f"--micro-batch-size {r.micro_batch}", f"--global-batch-size {global_batch}",
-          "--lgs", f"--lgs-intra-threshold-mb {p.thresholds_mb[0]}",
-          f"--lgs-inter-threshold-mb {p.thresholds_mb[1]}"]
-    return " ".join(f)
+    f += [f"--micro-batch-size {r.micro_batch}", f"--global-batch-size {global_batch}"]
+    if p.thresholds_mb is not None:
+        f += ["--lgs", f"--lgs-intra-threshold-mb {p.thresholds_mb[0]}",
+              f"--lgs-inter-threshold-mb {p.thresholds_mb[1]}"]
+    return f

@@ -29,14 +29,17 @@ PRESETS: dict[str, tuple[ModelConfig, Layout]] = {
     # launch/configs/gpt-10b.sh at 64 GPUs (DP8), global batch 512.
     "gpt-10b": (
         ModelConfig(num_layers=40, hidden=5120, ffn_hidden=13824, num_heads=40, vocab=32000,
-                    seq_length=4096, swiglu=True),
-        Layout(tp=4, pp=2, dp=8, gpus_per_node=8, num_micro_batches=64),
+                    seq_length=4096, num_query_groups=8, swiglu=True),
+        Layout(tp=4, pp=2, dp=8, gpus_per_node=8, num_micro_batches=64,
+               distributed_optimizer=True),
     ),
     # launch/configs/gpt-100b-moe.sh at 128 GPUs (DP8), global batch 1024.
     "gpt-100b-moe": (
         ModelConfig(num_layers=48, hidden=4096, ffn_hidden=14336, num_heads=32, vocab=32000,
-                    seq_length=4096, swiglu=True, num_experts=64, moe_topk=2),
-        Layout(tp=2, pp=8, dp=8, ep=8, gpus_per_node=8, num_micro_batches=128),
+                    seq_length=4096, num_query_groups=8, swiglu=True, num_experts=64,
+                    moe_topk=2, moe_ffn_hidden=2560),
+        Layout(tp=2, pp=8, dp=8, ep=8, etp=2, gpus_per_node=8, num_micro_batches=128,
+               distributed_optimizer=True),
     ),
 }
 

@@ -112,6 +112,21 @@ def test_memory_wall() -> None:
     assert tight.largest_threshold_bytes == 0 and tight.largest_on_grid([8 * MB]) is None
 
 
+@pytest.mark.parametrize("preset", ["gpt-100b", "gpt-100b-moe"])
+def test_memory_wall_counts_activations_as_the_planner_does(preset: str) -> None:
+    """One memory model: the LGS memory wall's activations are the whole-step model's."""
+    from megatron_lgs.lgs import stepmemory
+    from megatron_lgs.lgs.memwall import activation_bytes
+    from megatron_lgs.lgs.plan_run import resolve
+
+    model, lay = PRESETS[preset]
+    _, run = resolve(preset, "a100-80gb", lay.world, None, None)
+    planner = max(stepmemory.activation_bytes(run, k) for k in range(run.pp))
+    assert memory_wall(model, lay, 80e9).activation_bytes == pytest.approx(planner)
+    # Unfused attention keeps the score matrices; fused (the default on GPUs) does not.
+    assert activation_bytes(model, lay, flash_attention=False) > planner
+
+
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="divide"):
         Layout(tp=2, dp=3, ep=4)

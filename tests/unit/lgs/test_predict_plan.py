@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from megatron_lgs.lgs.plan_run import HOPPER_CAVEAT, resolve
+from megatron_lgs.arguments import build_parser, config_from_namespace
+from megatron_lgs.lgs.plan_run import HOPPER_CAVEAT, best_flags, resolve
 from megatron_lgs.lgs.plan_run import main as plan_main
-from megatron_lgs.lgs.planner import candidates, fits
+from megatron_lgs.lgs.planner import best_of, candidates, fits, with_thresholds
 from megatron_lgs.lgs.predict import predict_file
 from megatron_lgs.lgs.simulate import cli
 from megatron_lgs.lgs.stepmodel import TERMS, predict_run
+from megatron_lgs.validation import validate
 
 ROOT = Path(__file__).resolve().parents[3]
 DENSE = {"id": "dense", "gpu": "a100-80gb", "num_gpus": 16, "gpus_per_node": None,
@@ -90,20 +92,52 @@ def test_predict_bad_file(tmp_path: Path) -> None:
     assert predict_file(path, io.StringIO(), io.StringIO()) == 2
 
 
-@pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("launch/configs/gpt-10b.sh", 16)])
+@pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("launch/configs/gpt-10b.sh", 16),
+                                        ("launch/configs/gpt-100b-moe.sh", 128)])
 def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
                                                   capsys: pytest.CaptureFixture) -> None:
     plans = plan_main(["--model", model, "--gpus", str(gpus), "--hardware", "a100-80gb",
                        "--top", "2"])
     out = capsys.readouterr().out
     base, ref = resolve(model, "a100-80gb", gpus, None, None)
-    assert ref is not None and "own layout" in out and "best flags: --tensor-model" in out
+    assert ref is not None and "own layout" in out
+    flags = next(line for line in out.splitlines() if line.startswith("best flags: "))
+    assert "--num-layers" in flags and "--tensor-model-parallel-size" in flags
+    assert predict_run(ref).fits_memory  # a launch config fits the GPUs it is written for
     assert plans and all(p.estimate.fits_memory for p in plans)
     assert plans[0].estimate.step_time_s <= predict_run(ref).step_time_s
     assert plans[0].estimate.step_time_s <= plans[-1].estimate.step_time_s
     for q in ("ZeRO-2 vs ZeRO-3", "TP inside a node", "slower inter-node network",
               "bucket thresholds"):
         assert q in out
+
+
+# One layout of each kind the planner can propose: its flag line must be one the trainer runs.
+KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
+         "ZeRO-2": lambda r: r.zero == 2, "ZeRO-3": lambda r: r.zero == 3,
+         "TP": lambda r: r.tp > 1, "PP": lambda r: r.pp > 1, "VPP": lambda r: r.vpp > 1,
+         "CP": lambda r: r.cp > 1, "EP": lambda r: r.ep > 1,
+         "full recompute": lambda r: r.recompute == "full",
+         "selective recompute": lambda r: r.recompute == "selective"}
+
+
+@pytest.mark.parametrize("model,gpus,gpu", [("launch/configs/gpt-10b.sh", 64, "h100-sxm"),
+                                            ("gpt-100b", 128, "a100-80gb"),
+                                            ("gpt-100b-moe", 128, "h100-sxm")])
+def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
+                                                         gpu: str) -> None:
+    base, _ = resolve(model, gpu, gpus, None, None)
+    cands = candidates(base)
+    seen = set()
+    for kind, where in KINDS.items():
+        for est in best_of(cands, 1, where):
+            seen.add(kind)
+            plan = with_thresholds(est, [64])
+            argv = best_flags(model, base, plan).split()
+            validate(config_from_namespace(build_parser().parse_args(argv), gpus))
+            assert ("--lgs" in argv) == (est.run.zero < 2), (kind, argv)
+    assert set(KINDS) - {"ZeRO-2", "EP"} <= seen  # ZeRO-2 fits only the 10B; EP: MoE only
+    assert ("EP" in seen) == bool(base.num_experts)
 
 
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
