@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         print(f"best vs config layout: {rp.estimate.step_time_s / best.estimate.step_time_s:.3f}x")
     for line in questions(cands, best.estimate, base):
         print(f"answer: {line}")
-    lgs_best = next((p for p in plans if p.thresholds_mb), None) or next(
+    lgs_best = best if lgs_applies(best.run) else next(
         (with_thresholds(e) for e in best_of(cands, 1, lgs_applies)), None)
     if lgs_best is None:
         print("answer: bucket thresholds: no layout LGS applies to (ZeRO 0/1) fits in memory")
