@@ -19,6 +19,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 from megatron_lgs.lgs.gpus import GPUS, get_gpu
 from megatron_lgs.lgs.grid import GRID_MB
@@ -27,6 +28,7 @@ from megatron_lgs.lgs.planner import (
     best_of,
     candidates,
     layout_flags,
+    layouts,
     lgs_applies,
     model_flags,
     threshold_sweep,
@@ -63,7 +65,8 @@ def _preset(name: str, gpu: str) -> tuple[dict, dict]:
                  seq_length=m.seq_length, swiglu=m.swiglu, num_experts=m.num_experts,
                  moe_topk=m.moe_topk, moe_ffn_hidden=m.moe_ffn_hidden or 0,
                  untie_embeddings=m.untie_embeddings)
-    layout = dict(num_gpus=lay.world, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, etp=lay.etp,
+    layout = dict(num_gpus=lay.world, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep,
+                  etp=lay.etp if m.num_experts else lay.tp,
                   micro_batch=lay.micro_batch_size, sequence_parallel=lay.tp > 1,
                   global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
                   zero=1 if lay.distributed_optimizer else 0,
@@ -225,11 +228,20 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     ap.add_argument("--out-dir", type=Path, help="write LGS heat maps of the best and the "
                                                  "config's layout here")
     a = ap.parse_args(argv)
+    for flag, value, ok in (("--gpus", a.gpus, a.gpus >= 1), ("--top", a.top, a.top >= 1),
+                            ("--global-batch", a.global_batch,
+                             a.global_batch is None or a.global_batch >= 1),
+                            ("--nic-gbit-per-gpu", a.nic_gbit_per_gpu,
+                             a.nic_gbit_per_gpu is None or a.nic_gbit_per_gpu > 0)):
+        if not ok:
+            _fail(f"{flag} must be positive, got {value}")
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu)
     except (ValueError, KeyError) as e:
-        print(f"plan_run: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _fail(str(e))
+    if next(layouts(base), None) is None:
+        _fail(f"no layout of {a.model} divides {a.gpus} GPUs and global batch "
+              f"{base.global_batch} (TP x PP x CP x DP = GPUs, DP x micro-batch | batch)")
     cands = candidates(base)
     top = best_of(cands, a.top)
     print(f"# {LABEL}")
@@ -271,6 +283,11 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"plan_run: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def write_heatmaps(out: Path, name: str, best: Plan | None, ref: Run | None) -> None:

@@ -210,6 +210,8 @@ def check_run(r: Run) -> None:
             raise RunError("sequence_parallel", "MoE with tp > 1 needs sequence parallelism")
     elif r.ep > 1:
         raise RunError("ep", "expert parallelism needs num_experts > 0")
+    elif r.etp != r.tp:
+        raise RunError("etp", f"expert tensor parallelism ({r.etp}) needs num_experts > 0")
     if r.zero >= 2 and (r.tp, r.pp, r.cp, r.ep) != (1, 1, 1, 1):
         raise RunError("zero", "Megatron-FSDP (zero 2/3) is wired here for pure data "
                                "parallelism (tp = pp = cp = ep = 1)")

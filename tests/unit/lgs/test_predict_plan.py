@@ -73,6 +73,7 @@ def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture
     ({"global_batch": 101}, "global_batch"),
     ({"precision": "fp8"}, "precision"),     # A100 has no FP8
     ({"tp": "4"}, "tp"),
+    ({"etp": 3}, "etp"),                     # expert TP on a dense model
 ])
 def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
                                                     field: str) -> None:
@@ -138,6 +139,21 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
             assert ("--lgs" in argv) == (est.run.zero < 2), (kind, argv)
     assert set(KINDS) - {"ZeRO-2", "EP"} <= seen  # ZeRO-2 fits only the 10B; EP: MoE only
     assert ("EP" in seen) == bool(base.num_experts)
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--gpus", "0"], "--gpus"), (["--top", "0"], "--top"),
+    (["--global-batch", "0"], "--global-batch"), (["--nic-gbit-per-gpu", "0"], "--nic-gbit"),
+    (["--gpus", "7"], "no layout of gpt-10b divides 7 GPUs"),
+    (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
+])
+def test_planner_bad_input_is_one_line(extra: list[str], said: str,
+                                       capsys: pytest.CaptureFixture) -> None:
+    argv = ["--model", "gpt-10b", "--gpus", "64", "--hardware", "a100-80gb", *extra]
+    with pytest.raises(SystemExit) as exc:
+        plan_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
 
 
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
