@@ -10,6 +10,7 @@ modelled), not a measurement.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,7 +108,7 @@ def _workload(a: argparse.Namespace) -> Workload:
         lay = replace(lay, distributed_optimizer=True)
     if a.hardware == "custom":
         if a.intra_bw_gbps is None or a.inter_bw_gbps is None:
-            raise SystemExit("--hardware custom needs --intra-bw-gbps and --inter-bw-gbps")
+            raise ValueError("--hardware custom needs --intra-bw-gbps and --inter-bw-gbps")
         hw = custom(a.intra_bw_gbps, a.inter_bw_gbps, a.intra_alpha_us, a.inter_alpha_us,
                     lay.gpus_per_node, a.peak_tflops, a.gpu_memory_gb)
     else:
@@ -117,9 +118,17 @@ def _workload(a: argparse.Namespace) -> Workload:
 
 def main(argv: list[str] | None = None) -> GridResult:
     a = _parse(argv)
-    w = _workload(a)
-    grid = [int(x) for x in a.grid_mb.split(",")]
-    r = sweep(w, grid)
+    try:
+        w = _workload(a)
+        try:
+            grid = [int(x) for x in a.grid_mb.split(",")]
+        except ValueError:
+            raise ValueError(f"--grid-mb takes comma-separated MB integers, got "
+                             f"{a.grid_mb!r}") from None
+        r = sweep(w, grid)
+    except ValueError as e:  # a layout or model the grid cannot simulate: one line, exit 2
+        print(f"simulate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     lay = w.layout
     print(f"# {LABEL}")
     print(f"# {a.preset} on {lay.world} x {w.hw.name}: TP{lay.tp} PP{lay.pp} DP{lay.dp} "
@@ -157,6 +166,4 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(cli(sys.argv[1:]))

@@ -130,6 +130,10 @@ class Workload:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        heads, groups, tp = self.model.num_heads, self.model.num_query_groups, self.layout.tp
+        if heads % tp or (groups or tp) % tp:
+            raise ValueError(f"tp {tp} must divide the attention heads ({heads}) and query "
+                             f"groups ({groups or heads})")
 
     @property
     def flop_rate(self) -> float:

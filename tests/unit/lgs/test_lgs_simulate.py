@@ -127,6 +127,20 @@ def test_memory_wall_counts_activations_as_the_planner_does(preset: str) -> None
     assert activation_bytes(model, lay, flash_attention=False) > planner
 
 
+@pytest.mark.parametrize("argv,said", [
+    (["--tp", "0"], "Layout.tp"), (["--preset", "gpt-10b", "--tp", "3"], "tp 3 must divide"),
+    (["--efficiency", "2"], "efficiency"), (["--grid-mb", "8,x"], "--grid-mb"),
+    (["--hardware", "custom"], "--intra-bw-gbps"),
+    (["--num-layers", "7", "--pp", "2", "--preset", "gpt-10b"], "num_layers 7"),
+])
+def test_cli_bad_input_is_one_line(argv: list[str], said: str, tmp_path,
+                                   capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="divide"):
         Layout(tp=2, dp=3, ep=4)
