@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from megatron_lgs.arguments import parse_args
-from megatron_lgs.launch_configs import WORLD_SIZES, config_args, config_names, load_config
+from megatron_lgs.launch_configs import (
+    CONFIGS_DIR,
+    WORLD_SIZES,
+    config_args,
+    config_names,
+    load_config,
+)
 
 
 @pytest.mark.parametrize("name, world_size, dp", [("tiny-cpu", 1, 1), ("gpt-1b", 1, 1),
@@ -28,3 +36,28 @@ def test_unknown_config_is_a_clear_error(tmp_path):
     assert config_args("new", tmp_path) == ["--num-layers", "2"]
     with pytest.raises(ValueError, match="no world size"):
         load_config("new", tmp_path)
+
+
+def _parameters(name: str) -> float:
+    """Weights of a config's model, counted from its flags (biases and norms left out)."""
+    m, vocab = load_config(name).model, load_config(name).data.vocab_size
+    h, mats = m.hidden_size, 3 if m.swiglu else 2
+    groups = m.num_query_groups if m.group_query_attention else m.num_attention_heads
+    attention = 2 * h * h + 2 * h * h * groups // m.num_attention_heads
+    if m.num_experts:
+        mlp = m.num_experts * mats * h * (m.moe_ffn_hidden_size or m.ffn_size) + h * m.num_experts
+    else:
+        mlp = mats * h * m.ffn_size
+    embeddings = vocab * h * (2 if m.untie_embeddings_and_output_weights else 1)
+    return m.num_layers * (attention + mlp) + embeddings
+
+
+@pytest.mark.parametrize("name", config_names())
+def test_config_is_the_size_its_header_says(name):
+    """A config's '~N B' header is its size within 25% (gpt-100b-moe was once 541B)."""
+    header = (CONFIGS_DIR / f"{name}.sh").read_text().splitlines()[0]
+    said = re.search(r"~([0-9.]+)B", header)
+    if said is None:
+        assert name == "tiny-cpu", header  # the only config without a size in its name
+        return
+    assert abs(_parameters(name) / (float(said.group(1)) * 1e9) - 1) < 0.25, header
