@@ -54,7 +54,8 @@ def states_bytes(model: ModelConfig, lay: Layout) -> float:
 
 def activation_bytes(model: ModelConfig, lay: Layout, selective_recompute: bool = False,
                      flash_attention: bool = True) -> float:
-    """Activations of the heaviest pipeline stage, one GPU (`stepmemory.activation_bytes`)."""
+    """Activations of the heaviest pipeline stage, one GPU (`stepmemory.activation_bytes`;
+    the GPU type does not enter it)."""
     r = Run(id="memwall", gpu="a100-80gb", num_gpus=lay.world, num_layers=model.num_layers,
             hidden=model.hidden, heads=model.num_heads, vocab=model.vocab,
             seq_length=model.seq_length, tp=lay.tp, pp=lay.pp,

@@ -75,9 +75,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m megatron_lgs.lgs.simulate", description=__doc__)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="gpt-100b")
     for f in ("num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
-              "vocab-size", "seq-length", "num-experts", "moe-router-topk"):
+              "vocab-size", "seq-length", "num-query-groups", "num-experts", "moe-router-topk",
+              "moe-ffn-hidden-size"):
         ap.add_argument(f"--{f}", type=int)
-    for f in ("tp", "pp", "dp", "ep", "gpus-per-node", "micro-batch-size", "num-micro-batches"):
+    for f in ("tp", "pp", "dp", "ep", "etp", "gpus-per-node", "micro-batch-size",
+              "num-micro-batches"):
         ap.add_argument(f"--{f}", type=int)
     ap.add_argument("--distributed-optimizer", action="store_true")
     ap.add_argument("--hardware", choices=[*sorted(PROFILES), "custom"], default="a100-hdr")
@@ -98,11 +100,13 @@ def _workload(a: argparse.Namespace) -> Workload:
     model, lay = PRESETS[a.preset]
     names = {"num_layers": "num_layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
              "num_attention_heads": "num_heads", "vocab_size": "vocab",
-             "seq_length": "seq_length", "num_experts": "num_experts",
-             "moe_router_topk": "moe_topk"}
+             "seq_length": "seq_length", "num_query_groups": "num_query_groups",
+             "num_experts": "num_experts", "moe_router_topk": "moe_topk",
+             "moe_ffn_hidden_size": "moe_ffn_hidden"}
     model = replace(model, **{v: getattr(a, k) for k, v in names.items()
                               if getattr(a, k) is not None})
-    lay_keys = ("tp", "pp", "dp", "ep", "gpus_per_node", "micro_batch_size", "num_micro_batches")
+    lay_keys = ("tp", "pp", "dp", "ep", "etp", "gpus_per_node", "micro_batch_size",
+                "num_micro_batches")
     lay = replace(lay, **{k: getattr(a, k) for k in lay_keys if getattr(a, k) is not None})
     if a.distributed_optimizer:
         lay = replace(lay, distributed_optimizer=True)

@@ -127,6 +127,17 @@ def test_memory_wall_counts_activations_as_the_planner_does(preset: str) -> None
     assert activation_bytes(model, lay, flash_attention=False) > planner
 
 
+def test_cli_overrides_experts_and_query_groups(tmp_path) -> None:
+    base = ["--preset", "gpt-100b-moe", "--grid-mb", "64", "--out-dir", str(tmp_path)]
+    default = main(base).wall
+    wider = main([*base, "--moe-ffn-hidden-size", "5120", "--etp", "1"]).wall
+    # Experts twice as wide and no longer split over TP: 4x the expert weights and gradients
+    # per GPU, their optimizer state sharded over twice the ranks (expert DP 2, was 1).
+    assert wider.states_bytes > 2 * default.states_bytes
+    mha = main([*base, "--num-query-groups", "32"]).wall
+    assert mha.states_bytes > default.states_bytes  # full K/V projections
+
+
 @pytest.mark.parametrize("argv,said", [
     (["--tp", "0"], "Layout.tp"), (["--preset", "gpt-10b", "--tp", "3"], "tp 3 must divide"),
     (["--efficiency", "2"], "efficiency"), (["--grid-mb", "8,x"], "--grid-mb"),
