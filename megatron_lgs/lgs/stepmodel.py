@@ -13,7 +13,9 @@ critical path:
 - context parallel: the K/V ring (cp - 1 hops forward, K/V and their gradients backward),
   overlapped with the attention kernel, exposed beyond it;
 - MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
-  exposed (megatron-core 0.16 does not overlap them by default);
+  exposed (megatron-core 0.16 does not overlap them by default), and with expert tensor
+  parallelism the gather and scatter of the dispatched tokens over its group
+  (`tpcomm.expert_tp_comm`);
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
   virtual chunk (s b h / tp bytes with sequence parallelism or 2021's scatter-gather, which
   all-gathers it over TP after receiving; s b h without either), blocking as in 1F1B,
@@ -62,6 +64,7 @@ from megatron_lgs.lgs.timeline import (
     replay,
 )
 from megatron_lgs.lgs.tpcomm import (
+    expert_tp_comm,
     tp_collectives,
     tp_comm_exposed,
     tp_gemm_parts,
@@ -252,8 +255,10 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
     c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd, gpu)
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd, gpu)
-    c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(
-        r, gpu, hw, tok, column, row, unpaired=1 if r.num_experts else 0)
+    c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
+    if r.num_experts:
+        c.fwd["tp_comm"] += expert_tp_comm(r, hw, tok)
+        c.bwd["tp_comm"] += expert_tp_comm(r, hw, tok)
     if r.cp > 1:
         link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
         kv_bytes = tok * 2 * r.kv_dim / t * 2

@@ -84,32 +84,28 @@ def _beside(comm_s: float, gemm_s: float) -> float:
 
 
 def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
-                    column: list[Parts], row: list[Parts], unpaired: int = 0
-                    ) -> tuple[float, float]:
+                    column: list[Parts], row: list[Parts]) -> tuple[float, float]:
     """(forward, backward) TP communication time on the layer's critical path: what each
     collective adds beyond the GEMM it is paired with, plus the SM sharing of the overlapped
-    kernels. `unpaired`: column/row pairs without TP GEMMs to hide behind (an MoE layer's
-    token gather and scatter), blocking both ways."""
+    kernels."""
     if r.tp <= 1:
         return 0.0, 0.0
     link, nbytes = tp_link(r, hw), tok * r.hidden * 2
     gathered = nbytes / 2 if r.precision == "fp8" else nbytes
     if not r.sequence_parallel:
         ar = tp_collective_time("all_reduce", nbytes, r.tp, link)
-        fwd = ar * (len(row) + unpaired)
+        fwd = ar * len(row)
         if r.tp_async_backward:
-            bwd = sum(_beside(ar, w) for _, _, w in column) + ar * unpaired
+            bwd = sum(_beside(ar, w) for _, _, w in column)
         else:
-            bwd = ar * (len(column) + unpaired)
+            bwd = ar * len(column)
         return fwd, bwd
     ag = tp_collective_time("all_gather", gathered, r.tp, link)
     rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
-    # The MoE token gather and scatter are megatron-core's, on BF16 hidden states.
-    blocking = (tp_collective_time("all_gather", nbytes, r.tp, link) + rs) * unpaired
     if not r.tp_comm_overlap:
         fwd = ag * len(column) + rs * len(row)
         bwd = ag * len(row) + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
-        return fwd + blocking, bwd + blocking
+        return fwd, bwd
     hidden = (r.tp - 1) / r.tp  # ring exchange: all chunks but the first hide the exchange
     s = UB_PIPELINE_SPLITS
     fwd = (sum(_beside(ag, f * hidden) for f, _, _ in column)
@@ -118,7 +114,21 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
     bwd = (sum(_beside(ag, d * hidden) for _, d, _ in row)
            + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
            + sum(sm_contention(d, ag, gpu) + sm_contention(w, rs, gpu) for _, d, w in column))
-    return fwd + blocking, bwd + blocking
+    return fwd, bwd
+
+
+def expert_tp_comm(r: Run, hw: HardwareProfile, tok: float) -> float:
+    """One direction of an MoE layer's expert-tensor-parallel traffic, blocking: megatron-core's
+    all-to-all dispatcher (0.16, `token_dispatcher.py`) all-gathers the tokens it received
+    over the expert-TP group before the experts and reduce-scatters their output after
+    (backward: the reverse), BF16. None with etp = 1: each rank routes its own tokens."""
+    if not r.num_experts or r.etp <= 1:
+        return 0.0
+    sp = r.tp if r.sequence_parallel else 1
+    out = tok / sp * r.moe_topk * r.etp * r.hidden * 2  # gathered tokens, every copy
+    link = hw.intra if r.etp <= r.gpus_per_node else hw.inter
+    return (tp_collective_time("all_gather", out, r.etp, link)
+            + tp_collective_time("reduce_scatter", out, r.etp, link))
 
 
 def tp_collectives(r: Run) -> tuple[int, int]:

@@ -166,6 +166,19 @@ def test_moe_all_to_all_by_hand() -> None:
                                                                         hw.inter))
 
 
+def test_expert_tp_gather_by_hand() -> None:
+    """etp > 1: the received tokens (every top-k copy) are all-gathered over the expert-TP
+    group before the experts and reduce-scattered after; etp = 1 routes without them."""
+    hw = link_profile(A100)
+    r = run(num_experts=16, moe_topk=2, ep=4, tp=2, pp=1, num_gpus=16, heads=32)
+    out = 2048 / 2 * 2 * 2 * 4096 * 2  # SP-sharded tokens x topk x etp x h x BF16
+    expert = all_gather_time(out, 2, hw.intra) + reduce_scatter_time(out, 2, hw.intra)
+    with_etp, without = layer_cost(r, A100, hw), layer_cost(replace(r, etp=1), A100, hw)
+    assert with_etp.fwd["tp_comm"] - without.fwd["tp_comm"] == pytest.approx(expert)
+    assert with_etp.bwd["tp_comm"] - without.bwd["tp_comm"] == pytest.approx(expert)
+    assert without.fwd["tp_comm"] > 0  # the attention's TP collectives stay
+
+
 def test_pipeline_p2p_bubble_recompute_by_hand() -> None:
     r = run(pp=4, vpp=2, num_gpus=64, tp=4, global_batch=256, overlap_p2p_comm=False)
     costs, end, crit = compute_phase(r)
