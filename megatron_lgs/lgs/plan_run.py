@@ -168,7 +168,8 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
 
 def describe(r: Run) -> str:
     lay = f"TP{r.tp} PP{r.pp}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
-        (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + f" DP{r.dp}"
+        (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + \
+        (f" ETP{r.etp}" if r.num_experts and r.etp != r.tp else "") + f" DP{r.dp}"
     return f"{lay} mb{r.micro_batch} {r.recompute} ZeRO-{r.zero}"
 
 

@@ -1,5 +1,6 @@
-"""Layout search on the whole-step model: every TP, PP, virtual stages, CP, EP, micro-batch,
-recompute and ZeRO stage that divides the model and the GPUs, memory first, fastest first.
+"""Layout search on the whole-step model: every TP, PP, virtual stages, CP, EP (with experts
+split over TP or not), micro-batch, recompute and ZeRO stage that divides the model and the
+GPUs, memory first, fastest first.
 
 Branch and bound: the pipeline's compute end (`stepmodel.compute_phase`) is a lower bound of a
 layout's step, so layouts are replayed in the order of that bound and the search stops once the
@@ -59,18 +60,21 @@ def layouts(base: Run) -> Iterator[Run]:
 
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
     pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
+    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1).
+    etps = (tp, 1) if base.num_experts and tp > 1 else (tp,)
     for mb in MICRO:
         for vpp in VPP if pp > 1 else (1,):
             for recompute in RECOMPUTE:
                 for zero in (0, 1, 2, 3) if pure_dp else (0, 1):
-                    r = replace(base, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=tp, vpp=vpp,
-                                micro_batch=mb, recompute=recompute, zero=zero,
-                                distributed_optimizer=zero >= 1, sequence_parallel=tp > 1)
-                    try:
-                        check_run(r)
-                    except RunError:
-                        continue
-                    yield r
+                    for etp in etps:
+                        r = replace(base, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp,
+                                    micro_batch=mb, recompute=recompute, zero=zero,
+                                    distributed_optimizer=zero >= 1, sequence_parallel=tp > 1)
+                        try:
+                            check_run(r)
+                        except RunError:
+                            continue
+                        yield r
 
 
 def fits(r: Run) -> bool:
@@ -163,6 +167,8 @@ def layout_flags(p: Plan, global_batch: int) -> list[str]:
         f.append(f"--context-parallel-size {r.cp}")
     if r.ep > 1:
         f.append(f"--expert-model-parallel-size {r.ep}")
+    if r.num_experts and r.etp != r.tp:
+        f.append(f"--expert-tensor-parallel-size {r.etp}")
     if r.zero == 1:
         f += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif r.zero >= 2:

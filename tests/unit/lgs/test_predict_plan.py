@@ -118,6 +118,7 @@ KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
          "ZeRO-2": lambda r: r.zero == 2, "ZeRO-3": lambda r: r.zero == 3,
          "TP": lambda r: r.tp > 1, "PP": lambda r: r.pp > 1, "VPP": lambda r: r.vpp > 1,
          "CP": lambda r: r.cp > 1, "EP": lambda r: r.ep > 1,
+         "ETP1": lambda r: bool(r.num_experts) and r.tp > 1 and r.etp == 1,
          "full recompute": lambda r: r.recompute == "full",
          "selective recompute": lambda r: r.recompute == "selective"}
 
@@ -137,8 +138,8 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
             argv = best_flags(model, base, plan).split()
             validate(config_from_namespace(build_parser().parse_args(argv), gpus))
             assert ("--lgs" in argv) == (est.run.zero < 2), (kind, argv)
-    assert set(KINDS) - {"ZeRO-2", "EP"} <= seen  # ZeRO-2 fits only the 10B; EP: MoE only
-    assert ("EP" in seen) == bool(base.num_experts)
+    assert set(KINDS) - {"ZeRO-2", "EP", "ETP1"} <= seen  # ZeRO-2 fits the 10B only
+    assert ("EP" in seen) == ("ETP1" in seen) == bool(base.num_experts)
 
 
 @pytest.mark.parametrize("extra,said", [
