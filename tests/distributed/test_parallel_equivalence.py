@@ -39,6 +39,8 @@ MOE_LAYOUTS = {
     "EP2+alltoall": (2, [*EP2, "--moe-token-dispatcher-type", "alltoall"]),
     # megatron-core's MoE layer needs sequence parallelism with TP; experts not TP-split.
     "EP2xTP2": (4, [*EP2, *TP2, *SP, "--expert-tensor-parallel-size", "1"]),
+    # Experts split over the TP ranks too (expert TP = TP, megatron-core's default).
+    "EP2xTP2+ETP2": (4, [*EP2, *TP2, *SP]),
     # 4 ranks: the experts split over EP2 and replicated over 2 expert-data-parallel ranks.
     "DP2xEP2": (4, EP2),
 }
