@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_lgs.lgs import stepmemory
-from megatron_lgs.lgs.runspec import Run
+from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.workload import (
     DENSE,
     EXPERT,
@@ -56,17 +56,9 @@ def activation_bytes(model: ModelConfig, lay: Layout, selective_recompute: bool 
                      flash_attention: bool = True) -> float:
     """Activations of the heaviest pipeline stage, one GPU (`stepmemory.activation_bytes`;
     the GPU type does not enter it)."""
-    r = Run(id="memwall", gpu="a100-80gb", num_gpus=lay.world, num_layers=model.num_layers,
-            hidden=model.hidden, heads=model.num_heads, vocab=model.vocab,
-            seq_length=model.seq_length, tp=lay.tp, pp=lay.pp,
-            micro_batch=lay.micro_batch_size,
-            global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
-            gpus_per_node=lay.gpus_per_node, ffn_hidden=model.ffn_hidden,
-            kv_heads=model.num_query_groups or model.num_heads, dp=lay.dp, ep=lay.ep,
-            etp=lay.etp, recompute="selective" if selective_recompute else "none",
-            swiglu=model.swiglu, num_experts=model.num_experts or 0, moe_topk=model.moe_topk,
-            moe_ffn_hidden=model.moe_ffn_hidden or 0, sequence_parallel=lay.tp > 1,
-            flash_attention=flash_attention, untie_embeddings=model.untie_embeddings)
+    r = Run(id="memwall", gpu="a100-80gb", **model_fields(model), **layout_fields(model, lay),
+            recompute="selective" if selective_recompute else "none",
+            flash_attention=flash_attention)
     return max(stepmemory.activation_bytes(r, k) for k in range(lay.pp))
 
 

@@ -34,7 +34,7 @@ from megatron_lgs.lgs.planner import (
     threshold_sweep,
     with_thresholds,
 )
-from megatron_lgs.lgs.runspec import Run, RunError, check_run
+from megatron_lgs.lgs.runspec import Run, RunError, check_run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 
 LABEL = "PREDICTION (whole-step model, not a measurement)"
@@ -56,29 +56,25 @@ LAYOUT_FLAGS = frozenset((
     "--global-batch-size", "--ddp-bucket-size"))
 
 
-def _preset(name: str, gpu: str) -> tuple[dict, dict]:
+def _preset(name: str) -> tuple[dict, dict]:
     from megatron_lgs.lgs.simulate import PRESETS
 
     m, lay = PRESETS[name]
-    model = dict(num_layers=m.num_layers, hidden=m.hidden, ffn_hidden=m.ffn_hidden,
-                 heads=m.num_heads, kv_heads=m.num_query_groups or m.num_heads, vocab=m.vocab,
-                 seq_length=m.seq_length, swiglu=m.swiglu, num_experts=m.num_experts,
-                 moe_topk=m.moe_topk, moe_ffn_hidden=m.moe_ffn_hidden or 0,
-                 untie_embeddings=m.untie_embeddings)
-    layout = dict(num_gpus=lay.world, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep,
-                  etp=lay.etp if m.num_experts else lay.tp,
-                  micro_batch=lay.micro_batch_size, sequence_parallel=lay.tp > 1,
-                  global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
-                  zero=1 if lay.distributed_optimizer else 0,
-                  distributed_optimizer=lay.distributed_optimizer)
-    return model, layout
+    return model_fields(m), layout_fields(m, lay)
+
+
+def _config_name(spec: str) -> tuple[str, Path]:
+    """(name, folder) of a launch config given as a path to its .sh or as a bare name."""
+    from megatron_lgs.launch_configs import CONFIGS_DIR
+
+    path = Path(spec)
+    return (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
 
 
 def _launch_config(spec: str) -> tuple[dict, dict]:
-    from megatron_lgs.launch_configs import CONFIGS_DIR, load_config, world_size
+    from megatron_lgs.launch_configs import load_config, world_size
 
-    path = Path(spec)
-    name, cdir = (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
+    name, cdir = _config_name(spec)
     cfg = load_config(name, cdir)
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
@@ -131,11 +127,9 @@ def model_args(spec: str, base: Run) -> list[str]:
 
     if spec in PRESETS and not spec.endswith(".sh"):
         return model_flags(base)
-    from megatron_lgs.launch_configs import CONFIGS_DIR, config_args
+    from megatron_lgs.launch_configs import config_args
 
-    path = Path(spec)
-    name, cdir = (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
-    return _without_layout(config_args(name, cdir))
+    return _without_layout(config_args(*_config_name(spec)))
 
 
 def best_flags(spec: str, base: Run, p: Plan) -> str:
@@ -149,7 +143,7 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
     from megatron_lgs.lgs.simulate import PRESETS
 
     preset = spec in PRESETS and not spec.endswith(".sh")
-    model, layout = _preset(spec, gpu) if preset else _launch_config(spec)
+    model, layout = _preset(spec) if preset else _launch_config(spec)
     gb = global_batch or layout["global_batch"]
     common = dict(model, id=spec, gpu=gpu, nic_gbit_per_gpu=nic, global_batch=gb,
                   precision="fp16" if gpu == "v100-32gb" else "bf16",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
+from megatron_lgs.lgs.workload import Layout, ModelConfig
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -163,6 +164,25 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     run = Run(**vals)
     check_run(run)
     return run
+
+
+def model_fields(m: ModelConfig) -> dict[str, Any]:
+    """The Run fields of an LGS-simulator model (`workload.ModelConfig`)."""
+    return dict(num_layers=m.num_layers, hidden=m.hidden, ffn_hidden=m.ffn_hidden,
+                heads=m.num_heads, kv_heads=m.num_query_groups or m.num_heads, vocab=m.vocab,
+                seq_length=m.seq_length, swiglu=m.swiglu, num_experts=m.num_experts,
+                moe_topk=m.moe_topk, moe_ffn_hidden=m.moe_ffn_hidden or 0,
+                untie_embeddings=m.untie_embeddings)
+
+
+def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
+    """The Run fields of an LGS-simulator layout (`workload.Layout`) for model `m`."""
+    return dict(num_gpus=lay.world, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep,
+                etp=lay.etp if m.num_experts else lay.tp, gpus_per_node=lay.gpus_per_node,
+                micro_batch=lay.micro_batch_size, sequence_parallel=lay.tp > 1,
+                global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
+                zero=1 if lay.distributed_optimizer else 0,
+                distributed_optimizer=lay.distributed_optimizer)
 
 
 def check_run(r: Run) -> None:

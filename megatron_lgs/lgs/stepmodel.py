@@ -256,9 +256,9 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd, gpu)
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd, gpu)
     c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
-    if r.num_experts:
-        c.fwd["tp_comm"] += expert_tp_comm(r, hw, tok)
-        c.bwd["tp_comm"] += expert_tp_comm(r, hw, tok)
+    expert_tp = expert_tp_comm(r, hw, tok)  # gather and scatter, each direction
+    c.fwd["tp_comm"] += expert_tp
+    c.bwd["tp_comm"] += expert_tp
     if r.cp > 1:
         link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
         kv_bytes = tok * 2 * r.kv_dim / t * 2
