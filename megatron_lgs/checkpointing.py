@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.core import CheckpointingException
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -38,8 +37,8 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
 from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
+from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.lgs.sync import LgsEngine
-from megatron_lgs.platform import use_forked_save_queue
 from megatron_lgs.run_config import CheckpointConfig, ConfigError
 from megatron_lgs.run_state import RunState
 
@@ -184,30 +183,6 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-class AsyncSaves:
-    """--async-save: megatron-core's AsyncCallsQueue, whose TemporalAsyncCaller forks a writer
-    per save (the fork is the snapshot: training then changes its own pages only). A save's
-    commit (dist_checkpointing's metadata, then our run state, layout, rename and tracker) runs
-    in `poll` or `wait` once every rank's writer has finished. Both are collective: every rank
-    calls them at the same points of the loop."""
-
-    def __init__(self) -> None:
-        use_forked_save_queue()
-        self.calls = AsyncCallsQueue(persistent=False)
-
-    def poll(self) -> None:
-        """Commit the saves whose writes are complete on every rank, without waiting."""
-        self.calls.maybe_finalize_async_calls(blocking=False)
-
-    def wait(self) -> None:
-        """Commit every save in flight, waiting for its writers."""
-        self.calls.maybe_finalize_async_calls(blocking=True)
-
-    @property
-    def in_flight(self) -> int:
-        return self.calls.get_num_unfinalized_calls()
 
 
 def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,

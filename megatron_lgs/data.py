@@ -80,9 +80,12 @@ def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
     if num_workers == 0:
         return (_fetch(dataset, indices) for indices in sampler)
     # Samples need no worker seeds; a private generator keeps the DataLoader from drawing its
-    # base seed from torch's global generator, which on CPU is also the dropout stream.
+    # base seed from torch's global generator, which on CPU is also the dropout stream. Workers
+    # are forks of a forkserver, not of this process: the process group's threads make a fork of
+    # it hang now and then (see megatron_lgs.async_save); the dataset is pickled to them.
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
                         collate_fn=collate, persistent_workers=True,
+                        multiprocessing_context="forkserver",
                         generator=torch.Generator().manual_seed(0))
     return iter(loader)
 

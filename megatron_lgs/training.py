@@ -32,6 +32,7 @@ from megatron_lgs import (
     stability,
 )
 from megatron_lgs.arguments import fail
+from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
 from megatron_lgs.model import flops_per_token, num_parameters
@@ -115,6 +116,8 @@ class Trainer:
         self.cfg = cfg
         self.platform = get_platform()
         initialize.check_platform(cfg, self.platform)
+        # Before the process group: its threads make a fork unsafe (see async_save).
+        self.async_saves = AsyncSaves() if cfg.checkpoint.async_save else None
         initialize.init_distributed(cfg, self.platform)
         initialize.set_seeds(cfg.training.seed)
 
@@ -156,8 +159,6 @@ class Trainer:
             self.model, m.num_layers, m.num_experts, m.moe_router_topk,
             cfg.parallel.sequence_parallel) if m.num_experts else None
 
-        # --async-save: forks the server of the writers' results queue before the data workers.
-        self.async_saves = checkpointing.AsyncSaves() if cfg.checkpoint.async_save else None
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")

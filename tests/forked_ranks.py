@@ -20,6 +20,7 @@ what the tests read (losses, exit status, messages) against python and torchrun.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import runpy
 import signal
@@ -39,6 +40,16 @@ PRELOAD = ["tests.rank_preload"]
 # How long the other ranks get to finish on their own after one rank failed (torchrun stops
 # them at once; a short grace lets a rank that is printing its own error finish the line).
 _FAILURE_GRACE_S = 2.0
+# Sent to a run past its timeout before it is killed: each process prints its threads' stacks.
+_STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 and SIGTERM are the trainer's exit signals
+
+
+class RunTimeout(subprocess.TimeoutExpired):
+    """A run past its timeout; its message ends with what the ranks printed, stacks included."""
+
+    def __str__(self) -> str:
+        return (f"{super().__str__()}\n--- stdout (tail) ---\n{self.output[-3000:]}"
+                f"\n--- stderr (tail, with every process's stacks) ---\n{self.stderr[-12000:]}")
 
 
 def _context() -> mp.context.BaseContext:
@@ -74,6 +85,8 @@ def _run_rank(module: str, argv: list[str], env: dict[str, str], out: Path, err:
         os.close(handle)
     os.environ.clear()
     os.environ.update(env)
+    # A run that hangs is asked for every thread's stack (its helper processes inherit this).
+    faulthandler.register(_STACKS_SIGNAL, all_threads=True)
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
@@ -97,6 +110,7 @@ def _run_rank(module: str, argv: list[str], env: dict[str, str], out: Path, err:
 def _leader(module: str, argv: list[str], nproc: int, env: dict[str, str], outdir: str) -> None:
     """torchrun's part, in a fork of the forkserver: start the ranks, wait, report."""
     os.setsid()
+    signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)  # the ranks print stacks; the launcher has none
     port = str(free_port())
     pids: dict[int, int] = {}
     for rank in range(nproc):
@@ -148,19 +162,27 @@ def run_ranks(module: str, argv: list[str], nproc: int, env: dict[str, str],
         leader.start()
         leader.join(timeout)
         timed_out = leader.exitcode is None
-        # Whatever is left of the run's process groups (the leader's, each rank's) goes.
         pids = Path(outdir, "pids")
-        for pid in [leader.pid, *map(int, pids.read_text().split() if pids.exists() else [])]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        leader.join()
+        groups = [leader.pid, *map(int, pids.read_text().split() if pids.exists() else [])]
         if timed_out:
-            raise subprocess.TimeoutExpired([module, *argv], timeout)
+            _signal_groups(groups, _STACKS_SIGNAL)
+            time.sleep(2)
+        # Whatever is left of the run's process groups (the leader's, each rank's) goes.
+        _signal_groups(groups, signal.SIGKILL)
+        leader.join()
         outputs = []
         for suffix in ("out", "err"):
             outputs.append("".join(
                 Path(outdir, f"{rank}.{suffix}").read_text(errors="replace")
                 for rank in range(nproc) if Path(outdir, f"{rank}.{suffix}").exists()))
+        if timed_out:
+            raise RunTimeout([module, *argv], timeout, output=outputs[0], stderr=outputs[1])
         return leader.exitcode, outputs[0], outputs[1]
+
+
+def _signal_groups(groups: list[int], sig: signal.Signals) -> None:
+    for pid in groups:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
