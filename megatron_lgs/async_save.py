@@ -5,8 +5,8 @@ snapshot, and training then changes only its own pages. A fork of a process whos
 call into Python can leave the child stuck before it runs a line: gloo's worker threads release
 tensors that Python objects own and create a Python thread state to do so, without the GIL but
 under the interpreter's thread-state lock (gdb on a ZeRO-3 rank: ~40 per second). A child forked
-while one does waits on that lock forever in Python up to 3.11.7 (CPython gh-112275, fixed in
-later patch releases). Two defences:
+while one does waits on that lock forever on Python before 3.11.10 (CPython gh-112275;
+`platform.FORK_MAY_DEADLOCK`). Two defences, kept on every Python because they cost nothing:
 
 - the server of the writers' results queue is forked when `AsyncSaves` is built, which the
   trainer does before the process group (and its threads) exists;

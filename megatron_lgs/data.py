@@ -17,6 +17,7 @@ from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBat
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data_pipeline import collate
+from megatron_lgs.platform import FORK_MAY_DEADLOCK
 
 
 def rank_micro_batches(start_sample: int, global_batch_size: int, micro_batch_size: int,
@@ -81,11 +82,12 @@ def micro_batch_stream(dataset: Dataset, sampler: Sampler[list[int]],
         return (_fetch(dataset, indices) for indices in sampler)
     # Samples need no worker seeds; a private generator keeps the DataLoader from drawing its
     # base seed from torch's global generator, which on CPU is also the dropout stream. Workers
-    # are forks of a forkserver, not of this process: the process group's threads make a fork of
-    # it hang now and then (see megatron_lgs.async_save); the dataset is pickled to them.
+    # are forks of this process, sharing the document index, except on a Python whose forks of
+    # a process with gloo's threads can hang (FORK_MAY_DEADLOCK): there they come from a
+    # forkserver, and each worker gets its own pickled copy of the index (~45 B per document).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
                         collate_fn=collate, persistent_workers=True,
-                        multiprocessing_context="forkserver",
+                        multiprocessing_context="forkserver" if FORK_MAY_DEADLOCK else None,
                         generator=torch.Generator().manual_seed(0))
     return iter(loader)
 

@@ -26,6 +26,10 @@ import torch
 
 MEGATRON_CORE_VERSION = "0.16.1"
 
+# CPython gh-112275, fixed in 3.11.10: a child forked while another thread creates a Python
+# thread state (gloo's workers do, to release tensors) can hang before it runs a line.
+FORK_MAY_DEADLOCK = sys.version_info < (3, 11, 10)
+
 _TE_MODULE = "transformer_engine"
 
 
