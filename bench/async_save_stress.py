@@ -21,11 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_lgs.checkpointing import FAULT_ENV, latest_iteration  # noqa: E402
 from tests.conftest import TINY_GPT, run_pretrain  # noqa: E402
+from tests.distributed.test_zero3_async_checkpoints import RUN, ZERO3  # noqa: E402
 from tests.forked_ranks import RunTimeout  # noqa: E402
-
-ZERO3 = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
-RUN = ["--train-iters", "20", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
-       "--save-interval", "5"]
 
 
 def main() -> None:

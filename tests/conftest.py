@@ -119,3 +119,16 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def tiny(data_cache: str) -> list[str]:
     return [*TINY_GPT, "--data-cache-dir", data_cache]
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo process group in this process, for code that asks for its rank."""
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()

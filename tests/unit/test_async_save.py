@@ -7,7 +7,6 @@ import inspect
 import time
 
 import pytest
-import torch.distributed as dist
 
 from megatron_lgs import async_save
 
@@ -15,16 +14,6 @@ from megatron_lgs import async_save
 # megatron-core only after megatron_lgs, whose import installs the platform layer first.
 from megatron.core.dist_checkpointing.strategies import async_utils
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
-
-
-@pytest.fixture
-def one_rank():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 def test_megatron_still_forks_the_writer_from_the_caller_the_queue_picks():
@@ -48,8 +37,8 @@ def _hang_on_first_fork(marker, real):
     return announce_then_run
 
 
-def test_a_writer_that_never_starts_is_killed_and_forked_again(monkeypatch, tmp_path, one_rank,
-                                                               capsys):
+def test_a_writer_that_never_starts_is_killed_and_forked_again(monkeypatch, tmp_path,
+                                                               one_rank_group, capsys):
     stuck = tmp_path / "stuck"
     monkeypatch.setattr(async_save, "_announce_then_run",
                         _hang_on_first_fork(stuck, async_save._announce_then_run))
@@ -63,7 +52,7 @@ def test_a_writer_that_never_starts_is_killed_and_forked_again(monkeypatch, tmp_
 
 
 def test_a_writer_that_never_starts_in_any_fork_is_a_clear_error(monkeypatch, tmp_path,
-                                                                 one_rank):
+                                                                 one_rank_group):
     def never(announce, write, *args, **kwargs):
         time.sleep(30)
     monkeypatch.setattr(async_save, "_announce_then_run", never)

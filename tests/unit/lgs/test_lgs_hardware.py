@@ -167,18 +167,6 @@ def test_profile_keeps_the_intra_node_overlap_and_rejects_one_out_of_range(tmp_p
         load_profile(_write(tmp_path, _broken(intra_overlap=1.5)))
 
 
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
 def _spinner(seconds: float):
     """Busy Python of a fixed amount of work that takes about `seconds` alone: it holds the
     GIL, so two of them on two threads take as long as both in turn."""
