@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from data_pipeline.stages.task import run_task
@@ -19,10 +19,37 @@ from data_pipeline.stages.task import run_task
 _PRELOAD = ["__main__", "data_pipeline.executors.preload"]
 
 
+# How often a wait checks that the pool can still finish its futures.
+_POLL_S = 1.0
+
+
 def _context() -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+def wait_on_pool(pool: ProcessPoolExecutor, futures: Sequence[Future], what: str,
+                 return_when: str = ALL_COMPLETED) -> None:
+    """``concurrent.futures.wait`` that raises instead of waiting forever when the pool can no
+    longer finish the futures. The pool's manager thread is what completes them, or marks them
+    broken when a worker dies; if that thread itself raises (in Python 3.11, for example while
+    forking a replacement worker), the pending futures are never completed."""
+    while True:
+        done, pending = wait(futures, timeout=_POLL_S, return_when=return_when)
+        if not pending or (return_when == FIRST_EXCEPTION and any(
+                not f.cancelled() and f.exception() is not None for f in done)):
+            return
+        # CPython's private name (3.9 and later); test_local_executor.py pins it.
+        manager = pool._executor_manager_thread
+        if manager is None or manager.is_alive():
+            continue
+        # The thread also exits after completing the last future: look once more.
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            raise RuntimeError(
+                f"the local process pool stopped with {len(pending)} of {len(futures)} {what} "
+                "unfinished: its manager thread exited (a traceback above, if it raised, says why)")
 
 
 class LocalExecutor:
@@ -43,7 +70,8 @@ class LocalExecutor:
         threads = max(1, self.workers // n_tasks)
         futures = [self._pool.submit(run_task, str(work), stage, i, threads)
                    for i in range(n_tasks)]
-        wait(futures, return_when=FIRST_EXCEPTION)
+        what = f"{stage} tasks"
+        wait_on_pool(self._pool, futures, what, FIRST_EXCEPTION)
         failed = [i for i, f in enumerate(futures)
                   if f.done() and not f.cancelled() and f.exception() is not None]
         if failed:
@@ -51,7 +79,7 @@ class LocalExecutor:
             # later tasks are dropped, earlier ones finish and may fail first.
             for other in futures[failed[0] + 1:]:
                 other.cancel()
-            wait(futures[:failed[0]])
+            wait_on_pool(self._pool, futures[:failed[0]], what)
             raise next(f.exception() for f in futures if f.exception() is not None)
         self.stats[stage] = [f.result() for f in futures]
 
