@@ -6,7 +6,10 @@ after the first in one bucket), DeepSpeed's reduce_bucket_size 5e8 elements, the
 160/24 MB and the LGS optimum (the recommendation `--lgs-thresholds auto` starts from), with
 ratios against Megatron's default. Every number is a PREDICTION, not a measurement.
 
-    python bench/lgs_simulate.py [--hardware a100-hdr|h100-ndr|h200-ndr] [--efficiency 0.5]
+    python bench/lgs_simulate.py [--hardware a100-hdr|h100-ndr|h200-ndr] [--efficiency F]
+
+Compute comes from the GPU's kernel model (the whole-step model's), or with --efficiency from
+FLOPs at that fraction of peak.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 from megatron_lgs.launch_configs import GPUS_PER_NODE, load_config  # noqa: E402
 from megatron_lgs.lgs.baselines import Plan, baseline_plans, predict_plan  # noqa: E402
-from megatron_lgs.lgs.costmodel import PROFILES, get_profile  # noqa: E402
+from megatron_lgs.lgs.gpus import PROFILES, get_profile  # noqa: E402
 from megatron_lgs.lgs.memwall import memory_wall  # noqa: E402
 from megatron_lgs.lgs.recommend import recommend, workload_for_config  # noqa: E402
 from megatron_lgs.lgs.simreport import LABEL  # noqa: E402
@@ -32,7 +35,7 @@ HEADER = (f"{'plan':<18} {'intra MB':>9} {'inter MB':>9} {'pred step s':>12} "
           f"{'pred exposed ms':>16} {'comm %':>7} {'step/Megatron':>14} {'exposed/Megatron':>17}")
 
 
-def workloads(hardware: str, efficiency: float) -> list[tuple[str, Workload]]:
+def workloads(hardware: str, efficiency: float | None) -> list[tuple[str, Workload]]:
     hw = get_profile(hardware)
     out = [(f"gpt-10b (launch/configs/gpt-10b.sh, {load_config('gpt-10b').parallel.world_size} "
             "GPUs)", workload_for_config(load_config("gpt-10b"), GPUS_PER_NODE, hardware,
@@ -84,13 +87,14 @@ def table(w: Workload) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", choices=sorted(PROFILES), default="a100-hdr")
-    ap.add_argument("--efficiency", type=float, default=0.5,
-                    help="fraction of peak FLOP/s reached by compute")
+    ap.add_argument("--efficiency", type=float,
+                    help="compute at this fraction of peak FLOP/s (default: the kernel model)")
     a = ap.parse_args(argv)
     print(f"# {LABEL}")
-    print(f"# hardware {a.hardware} ({get_profile(a.hardware).source}); compute at "
-          f"{a.efficiency:.0%} of peak; MB = 2^20 bytes of fp32 gradients")
-    for title, w in workloads(a.hardware, a.efficiency):
+    runs = workloads(a.hardware, a.efficiency)
+    print(f"# hardware {a.hardware} ({get_profile(a.hardware).source}); compute: "
+          f"{runs[0][1].compute_label}; MB = 2^20 bytes of fp32 gradients")
+    for title, w in runs:
         lay = w.layout
         print(f"\n## {title}: TP{lay.tp} PP{lay.pp} DP{lay.dp} EP{lay.ep}, "
               f"{lay.gpus_per_node} GPUs/node, {lay.num_micro_batches} micro-batches")

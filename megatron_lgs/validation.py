@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from data_pipeline.tokenizer import MIN_VOCAB_SIZE
 from megatron_lgs.lgs.config import LgsConfig
-from megatron_lgs.lgs.costmodel import PROFILES
+from megatron_lgs.lgs.gpus import PROFILES
 from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters

@@ -9,13 +9,11 @@ from megatron_lgs.lgs.baselines import Plan, baseline_plans, megatron_default, p
 from megatron_lgs.lgs.compress import dequantize, quantize, quantize_with_feedback
 from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.costmodel import (
-    PROFILES,
     HardwareProfile,
     HierarchicalCost,
     Link,
     all_gather_time,
     custom,
-    get_profile,
     hierarchical_allreduce,
     nccl_allreduce_busbw,
     reduce_scatter_time,
@@ -23,7 +21,7 @@ from megatron_lgs.lgs.costmodel import (
     tree_allreduce_time,
 )
 from megatron_lgs.lgs.finebuffer import fine_bucket_size
-from megatron_lgs.lgs.gpus import GPUS, GpuProfile, get_gpu
+from megatron_lgs.lgs.gpus import GPUS, PROFILES, GpuProfile, get_gpu, get_profile
 from megatron_lgs.lgs.memwall import MemoryWall, memory_wall
 from megatron_lgs.lgs.plan import BucketPlan, PlanConfig, PlanError, Unit, make_plan
 from megatron_lgs.lgs.recommend import (

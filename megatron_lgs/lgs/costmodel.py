@@ -1,4 +1,5 @@
-"""Alpha-beta cost model of NCCL-style collectives, per link, and named hardware profiles.
+"""Alpha-beta cost model of NCCL-style collectives, per link, and hardware profiles (the named
+built-in ones are in `gpus.PROFILES`).
 
 Every time is a *prediction* from the model t = hops * alpha + bytes_on_the_wire / bandwidth,
 where `bandwidth` is the bus bandwidth of the link (what `nccl-tests` reports as busbw), so
@@ -48,6 +49,9 @@ class HardwareProfile:
     # which differ where one level waits on a wire and the other is CPU work (loopback).
     overlap: float = 1.0
     intra_overlap: float | None = None
+    # The `gpus.GPUS` entry whose kernel model times this hardware's compute (the whole-step
+    # model's roofline); None (custom, measured): FLOPs at an efficiency.
+    gpu: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
@@ -159,42 +163,6 @@ def hierarchical_allreduce(
     return HierarchicalCost(intra, inter, k, first)
 
 
-# Constants: link figures from ../shared/REFERENCE.md ("Typical links"); peak FLOP/s and memory
-# from NVIDIA's A100 / H100 / H200 SXM data sheets (dense BF16, no sparsity).
-_NVLINK_ALPHA_S = 3e-6  # REFERENCE.md: "a few us per hop" on NVLink
-_IB_ALPHA_S = 15e-6  # REFERENCE.md: "~10-20 us per hop" on InfiniBand; midpoint
-
-PROFILES: dict[str, HardwareProfile] = {
-    "a100-hdr": HardwareProfile(
-        name="a100-hdr",
-        intra=Link(_NVLINK_ALPHA_S, 300 * GB),  # REFERENCE.md: A100 NVLink ~300 GB/s bus bw
-        inter=Link(_IB_ALPHA_S, 24 * GB),  # REFERENCE.md: HDR 200 Gb/s ~24 GB/s per NIC
-        gpus_per_node=8,
-        peak_flops=312e12,  # A100 SXM data sheet: 312 TFLOP/s BF16 dense
-        memory_bytes=80 * GB,  # A100 80GB SXM
-        source="REFERENCE.md links (NVLink ~300 GB/s, HDR ~24 GB/s/NIC); NVIDIA A100 data sheet",
-    ),
-    "h100-ndr": HardwareProfile(
-        name="h100-ndr",
-        intra=Link(_NVLINK_ALPHA_S, 370 * GB),  # REFERENCE.md: H100 NVLink ~370 GB/s bus bw
-        inter=Link(_IB_ALPHA_S, 47 * GB),  # REFERENCE.md: NDR 400 Gb/s ~46-48 GB/s per NIC
-        gpus_per_node=8,
-        peak_flops=989e12,  # H100 SXM data sheet: 989 TFLOP/s BF16 dense
-        memory_bytes=80 * GB,
-        source="REFERENCE.md links (NVLink ~370 GB/s, NDR ~46-48 GB/s/NIC); NVIDIA H100 data sheet",
-    ),
-    "h200-ndr": HardwareProfile(
-        name="h200-ndr",
-        intra=Link(_NVLINK_ALPHA_S, 370 * GB),  # same NVLink 4 / NVSwitch fabric as H100
-        inter=Link(_IB_ALPHA_S, 47 * GB),  # REFERENCE.md: NDR 400 Gb/s ~46-48 GB/s per NIC
-        gpus_per_node=8,
-        peak_flops=990e12,  # REFERENCE.md: H200 bf16 dense peak ~990 TFLOP/s
-        memory_bytes=141 * GB,  # H200 data sheet: 141 GB HBM3e
-        source="REFERENCE.md (H200 ~990 TFLOP/s, NDR ~46-48 GB/s/NIC); NVIDIA H200 data sheet",
-    ),
-}
-
-
 def custom(
     intra_bw_GBps: float,
     inter_bw_GBps: float,
@@ -215,11 +183,3 @@ def custom(
         memory_bytes=memory_GB * GB,
         source="user-supplied numbers",
     )
-
-
-def get_profile(name: str) -> HardwareProfile:
-    """A named profile; a clear error lists the known names."""
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown hardware profile {name!r}; known: {sorted(PROFILES)}") from None

@@ -1,8 +1,9 @@
-"""GPU profiles of the whole-step model (`stepmodel`): compute, memory and links per GPU type.
+"""GPU profiles: compute, memory and links per GPU type, for the whole-step model (`stepmodel`)
+and the LGS threshold simulator alike.
 
-Kept apart from `costmodel.PROFILES` (the LGS replay's link profiles, and any measured profile
-calibrated on a cluster) so the two can evolve separately; `link_profile` turns a GPU profile
-and a NIC speed into the `costmodel.HardwareProfile` the gradient-sync replay takes.
+`link_profile` turns a GPU profile and a NIC speed into the `costmodel.HardwareProfile` the
+gradient-sync replay takes; `PROFILES` names the usual fabrics (`--lgs-hardware a100-hdr`).
+A measured profile (`calibrate`) or a `costmodel.custom` one brings its own numbers instead.
 
 Every constant is a data-sheet figure or a published microbenchmark, cited beside it; none is
 fitted to a training run. Sources:
@@ -135,16 +136,33 @@ def inter_bandwidth_Bps(nic_gbit_per_gpu: float) -> float:
     return nic_gbit_per_gpu / 8 * GB * NIC_EFFICIENCY
 
 
-def link_profile(gpu: GpuProfile, gpus_per_node: int = 8,
-                 nic_gbit_per_gpu: float | None = None) -> HardwareProfile:
-    """The two-level link profile the gradient-sync replay (`timeline`) uses."""
+def link_profile(gpu: GpuProfile, gpus_per_node: int = 8, nic_gbit_per_gpu: float | None = None,
+                 name: str | None = None) -> HardwareProfile:
+    """The two-level link profile the gradient-sync replay (`timeline`) uses; its compute is
+    timed by `gpu`'s kernel model."""
     nic = gpu.nic_gbit_per_gpu if nic_gbit_per_gpu is None else nic_gbit_per_gpu
     return HardwareProfile(
-        name=f"{gpu.name}/{nic:g}Gb",
+        name=name or f"{gpu.name}/{nic:g}Gb",
         intra=Link(NVLINK_ALPHA_S, gpu.nvlink_busbw_gbps * GB),
         inter=Link(IB_ALPHA_S, inter_bandwidth_Bps(nic)),
         gpus_per_node=gpus_per_node,
         peak_flops=gpu.peak_tflops * 1e12,
         memory_bytes=gpu.memory_gb * GB,
         source="megatron_lgs/lgs/gpus.py (data sheets, [MSMF], [POWER], [REF], [DSV3])",
+        gpu=gpu.name,
     )
+
+
+# The built-in fabrics: DGX A100 (HDR 200 Gb/s per GPU), DGX H100 and H200 (NDR 400 Gb/s).
+PROFILES: dict[str, HardwareProfile] = {
+    name: link_profile(GPUS[gpu], name=name)
+    for name, gpu in (("a100-hdr", "a100-80gb"), ("h100-ndr", "h100-sxm"), ("h200-ndr", "h200"))
+}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    """A named profile; a clear error lists the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware profile {name!r}; known: {sorted(PROFILES)}") from None

@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from megatron_lgs.lgs.costmodel import PROFILES, HardwareProfile, Link
+from megatron_lgs.lgs.costmodel import HardwareProfile, Link
+from megatron_lgs.lgs.gpus import PROFILES
 
 FORMAT = "megatron-lgs-hardware-profile"
 VERSION = 1

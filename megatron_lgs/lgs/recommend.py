@@ -72,12 +72,12 @@ def workload_for(
     num_micro_batches: int, profile: str | HardwareProfile | None = None,
     num_query_groups: int | None = None,
     swiglu: bool = False, moe_ffn_hidden_size: int | None = None, untie_embeddings: bool = True,
-    etp: int | None = None, distributed_optimizer: bool = False, efficiency: float = 0.5,
+    etp: int | None = None, distributed_optimizer: bool = False, efficiency: float | None = None,
     weighting: str = "params",
 ) -> Workload:
     """The simulator's workload from trainer-level numbers (Megatron-LM flag names).
 
-    `profile`: a name in `costmodel.PROFILES`, a profile file (`hardware.load_profile`) or a
+    `profile`: a name in `gpus.PROFILES`, a profile file (`hardware.load_profile`) or a
     profile; None means DEFAULT_PROFILE. `etp` None means the tensor-parallel size, as in
     megatron-core. `weighting`: `--lgs-layer-weighting`, how the engine closes its buckets.
     """
@@ -104,7 +104,7 @@ def recommend_thresholds(**numbers: Any) -> Recommendation:
 
 def workload_for_config(cfg: Config, gpus_per_node: int,
                         profile: str | HardwareProfile | None = None,
-                        efficiency: float = 0.5) -> Workload:
+                        efficiency: float | None = None) -> Workload:
     """`workload_for` with the numbers of a trainer `Config` (vocabulary padded as Megatron)."""
     from megatron_lgs.model import padded_vocab_size
 
@@ -129,6 +129,6 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
 
 def recommend_for_config(cfg: Config, gpus_per_node: int,
                          profile: str | HardwareProfile | None = None,
-                         efficiency: float = 0.5) -> Recommendation:
+                         efficiency: float | None = None) -> Recommendation:
     """What `--lgs-thresholds auto` starts from for the run described by `cfg`."""
     return recommend(workload_for_config(cfg, gpus_per_node, profile, efficiency))

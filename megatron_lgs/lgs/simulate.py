@@ -14,7 +14,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from megatron_lgs.lgs.costmodel import PROFILES, custom, get_profile
+from megatron_lgs.lgs.costmodel import custom
+from megatron_lgs.lgs.gpus import PROFILES, get_profile
 from megatron_lgs.lgs.grid import GRID_MB, GridResult, preference, sweep  # noqa: F401
 from megatron_lgs.lgs.simreport import LABEL, grid_table, write_heatmap, write_trace
 from megatron_lgs.lgs.timeline import MB, Workload
@@ -89,8 +90,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--inter-alpha-us", type=float, default=15.0)
     ap.add_argument("--peak-tflops", type=float, default=312.0)
     ap.add_argument("--gpu-memory-gb", type=float, default=80.0)
-    ap.add_argument("--efficiency", type=float, default=0.5,
-                    help="fraction of peak FLOP/s reached (Megatron reports 41-48%% MFU)")
+    ap.add_argument("--efficiency", type=float,
+                    help="compute at this fraction of peak FLOP/s (default: the GPU's kernel "
+                         "model; 0.5 on --hardware custom)")
     ap.add_argument("--grid-mb", default=",".join(map(str, GRID_MB)))
     ap.add_argument("--out-dir", type=Path, default=Path("lgs_sim_out"))
     return ap.parse_args(argv)
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> GridResult:
     print(f"# {LABEL}")
     print(f"# {a.preset} on {lay.world} x {w.hw.name}: TP{lay.tp} PP{lay.pp} DP{lay.dp} "
           f"EP{lay.ep}, {lay.gpus_per_node} GPUs/node, M={lay.num_micro_batches}, "
-          f"efficiency {w.efficiency}")
+          f"compute: {w.compute_label}")
     print(grid_table(list(r.predictions)))
     b = r.best
     print(f"best (predicted): intra {b.thresholds.intra_bytes // MB} MB, inter "

@@ -53,7 +53,7 @@ from megatron_lgs.lgs.kernels import (
     memory_time,
     tp_collective_time,
 )
-from megatron_lgs.lgs.runspec import Run
+from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
 from megatron_lgs.lgs.timeline import (
     ONE_BUCKET,
@@ -389,14 +389,15 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
     return out
 
 
-def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
-    """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage.
+def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost], float, int]:
+    """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage
+    (`hw` None: the links of `r`'s GPU and NIC).
 
     The compute end is a lower bound of the step (every later term is >= 0): the planner
     prunes with it before replaying the gradient sync.
     """
     gpu = get_gpu(r.gpu)
-    hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    hw = hw or link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     costs = stage_costs(r, gpu, hw)
     if r.zero >= 2:
         w = sync_workload(r, hw)
@@ -416,6 +417,17 @@ def compute_phase(r: Run) -> tuple[list[Cost], float, int]:
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
     return costs, end, crit
+
+
+def workload_compute(w: Workload) -> tuple[list[float], list[float], float]:
+    """Per-stage forward and backward time per micro-batch and the end of all compute, for the
+    LGS simulator's workload on a built-in GPU profile (`timeline.predict_step`): the run is
+    the workload's model and layout with the defaults of `runspec.layout_fields` (BF16, no
+    recompute, flash attention, sequence parallelism when TP > 1, no virtual stages)."""
+    r = Run(id="lgs-workload", gpu=w.hw.gpu, **model_fields(w.model),
+            **layout_fields(w.model, w.layout))
+    costs, end, _ = compute_phase(r, w.hw)
+    return [c.fwd_s for c in costs], [c.bwd_s for c in costs], end
 
 
 def predict_run(r: Run, thresholds: Thresholds | None = None, *,

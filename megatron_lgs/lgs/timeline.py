@@ -2,6 +2,11 @@
 
 How the step is modelled (all times are predictions):
 
+- Compute: on a built-in GPU profile (`costmodel.HardwareProfile.gpu`), per-stage forward and
+  backward times come from the whole-step model's kernels (`stepmodel.workload_compute`: GEMM
+  roofline, attention, memory-bound ops, tensor-parallel communication), the one compute
+  model of the package; on a measured profile, from the FLOP rate its probe measured; on a
+  custom one, or where a workload names an `efficiency`, from FLOPs at that fraction of peak.
 - Pipeline: 1F1B with per-stage forward/backward times tf_k, tb_k per micro-batch; all
   compute ends at T = sum_k (tf_k + tb_k) + (M - 1) max_k (tf_k + tb_k). The last micro-batch's
   backward flows from the last stage to stage 0, so stage k's last backward ends at
@@ -46,6 +51,9 @@ from megatron_lgs.lgs.workload import (
 )
 
 MB = 1 << 20
+# The fraction of peak a custom profile's compute reaches when no efficiency is given: Megatron-LM
+# reports 41-48% MFU on H100 (REFERENCE.md), so about half.
+DEFAULT_EFFICIENCY = 0.5
 
 
 @dataclass(frozen=True)
@@ -115,18 +123,19 @@ class StepPrediction:
 
 @dataclass(frozen=True)
 class Workload:
-    """Everything fixed across threshold choices: model, layout, hardware, efficiency."""
+    """Everything fixed across threshold choices: model, layout, hardware, and (None: the
+    GPU's kernel model, see the module docstring) a flat fraction of peak FLOP/s."""
 
     model: ModelConfig
     layout: Layout
     hw: HardwareProfile
-    efficiency: float = 0.5
+    efficiency: float | None = None
     # How LGS's engine closes its buckets (`--lgs-layer-weighting`, default "params"); the
     # one-channel systems (`pipelined_hops=False`) always close at the threshold ("none").
     weighting: str = "params"
 
     def __post_init__(self) -> None:
-        if not 0 < self.efficiency <= 1:
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
@@ -136,9 +145,23 @@ class Workload:
                              f"groups ({groups or heads})")
 
     @property
+    def kernel_timed(self) -> bool:
+        """Whether compute comes from the GPU's kernel model (not a flat FLOP rate)."""
+        return self.hw.gpu is not None and self.hw.efficiency is None and self.efficiency is None
+
+    @property
     def flop_rate(self) -> float:
-        """FLOP/s the GPU reaches: a measured profile's own rate, else peak x efficiency."""
-        return self.hw.peak_flops * (self.hw.efficiency or self.efficiency)
+        """The flat FLOP/s: a measured profile's own rate, else peak x efficiency (a profile
+        without kernel data and no efficiency given: DEFAULT_EFFICIENCY)."""
+        return self.hw.peak_flops * (self.hw.efficiency or self.efficiency or DEFAULT_EFFICIENCY)
+
+    @property
+    def compute_label(self) -> str:
+        if self.kernel_timed:
+            return f"{self.hw.gpu} kernel model"
+        if self.hw.efficiency is not None:
+            return "measured FLOP rate"
+        return f"{self.efficiency or DEFAULT_EFFICIENCY:.0%} of peak FLOP/s"
 
 
 def _layer(name: str) -> str:
@@ -241,18 +264,24 @@ def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
                  pipelined_hops: bool = True) -> StepPrediction:
     """Predicted timeline of one step with thresholds `th` (see the module docstring).
 
-    Compute runs at `w.efficiency` of peak. `bucket_later_stages=False` models megatron-core
-    DDP, which turns bucketing off on pipeline stages after the first: each of their gradient
-    buffers is reduced as one bucket. `pipelined_hops=False`: one communication channel (the
-    other systems' buckets).
+    The step ends when the gradients are synchronized; `stepmodel.predict_run` adds what the
+    thresholds do not move (the optimizer step, the parameter all-gather).
+    `bucket_later_stages=False` models megatron-core DDP, which turns bucketing off on
+    pipeline stages after the first: each of their gradient buffers is reduced as one bucket.
+    `pipelined_hops=False`: one communication channel (the other systems' buckets).
     """
-    lay = w.layout
-    rate = w.flop_rate
-    stage_ops = [stage_backward(w.model, lay, k) for k in range(lay.pp)]
-    tb = [sum(op.flops for op in ops) / rate for ops in stage_ops]
-    tf = [forward_flops(ops) / rate for ops in stage_ops]
-    per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
-    compute_end = sum(per_mb) + (lay.num_micro_batches - 1) * max(per_mb)
+    if w.kernel_timed:
+        # Imported here: stepmodel builds on this module.
+        from megatron_lgs.lgs.stepmodel import workload_compute
+
+        tf, tb, compute_end = workload_compute(w)
+    else:
+        rate = w.flop_rate
+        stage_ops = [stage_backward(w.model, w.layout, k) for k in range(w.layout.pp)]
+        tb = [sum(op.flops for op in ops) / rate for ops in stage_ops]
+        tf = [forward_flops(ops) / rate for ops in stage_ops]
+        per_mb = [f + b for f, b in zip(tf, tb, strict=True)]
+        compute_end = sum(per_mb) + (w.layout.num_micro_batches - 1) * max(per_mb)
     return replay(w, th, tf, tb, compute_end, bucket_later_stages, pipelined_hops)
 
 

@@ -219,3 +219,27 @@ def test_pipelined_hops_follow_the_two_channel_recurrence_by_hand() -> None:
         assert p_b.end_s == pytest.approx(free) and s_b.end_s == pytest.approx(serial_free)
     assert len(piped.stages[0].buckets) > 1
     assert piped.stages[0].synced_s <= serial.stages[0].synced_s
+
+
+def test_simulator_compute_is_the_whole_step_model() -> None:
+    """One compute model: on a built-in profile the threshold simulator replays the gradient
+    sync on the whole-step model's stage times; a measured or custom profile, or an explicit
+    efficiency, gives FLOPs at a flat rate instead."""
+    from megatron_lgs.lgs.runspec import run_from_dict
+    from megatron_lgs.lgs.stepmodel import compute_phase, predict_run, sync_workload
+
+    r = run_from_dict({"id": "t", "gpu": "h100-sxm", "num_gpus": 32, "num_layers": 8,
+                       "hidden": 2048, "heads": 16, "vocab": 32000, "seq_length": 2048,
+                       "tp": 2, "pp": 2, "micro_batch": 2, "global_batch": 64,
+                       "sequence_parallel": True})
+    w = sync_workload(r, get_profile("h100-ndr"))
+    th = Thresholds(32 * MB, 16 * MB)
+    p = predict_step(w, th)
+    assert w.kernel_timed and w.compute_label == "h100-sxm kernel model"
+    assert p.compute_end_s == compute_phase(r)[1]
+    assert p.step_time_s == predict_run(r, th).sync.step_time_s
+    flat = predict_step(Workload(w.model, w.layout, w.hw, efficiency=0.5), th)
+    custom_hw = custom(370, 47, peak_tflops=989)
+    assert flat.compute_end_s == predict_step(Workload(w.model, w.layout, custom_hw), th
+                                              ).compute_end_s != p.compute_end_s
+    assert Workload(w.model, w.layout, custom_hw).compute_label == "50% of peak FLOP/s"
