@@ -196,7 +196,8 @@ def megatron_moe_rows() -> list[dict]:
 MEGATRON_BRIDGE = ("NeMo Megatron-Bridge docs/performance-summary.md, 25.11 NeMo container, "
                    "DGX-H100 table (commit 5776a6d90 of 2025-12-10), with the recipe of the same "
                    "commit (scripts/performance/configs/llama/llama3_llm_pretrain.py, "
-                   "llama3_workload_base_configs.py; src/megatron/bridge/recipes/llama/llama3.py)")
+                   "llama3_workload_base_configs.py, llama31_llm_pretrain.py, "
+                   "llama31_workload_base_configs.py; src/megatron/bridge/recipes/llama/llama3.py)")
 # Llama 3 70B (80 layers, hidden 8192, SwiGLU FFN 28672, 64 heads with 8 KV groups, vocabulary
 # 128256, untied), FP8 with current scaling, 64 H100, sequence 8192, TP4 PP8 VP5, micro-batch 1,
 # global batch 128: every knob published. The recipe: sequence parallelism, distributed
@@ -204,8 +205,12 @@ MEGATRON_BRIDGE = ("NeMo Megatron-Bridge docs/performance-summary.md, 25.11 NeMo
 # (`grad_reduce_in_fp32 = False`), no recompute, TE's TP communication overlap (with a
 # hand-tuned userbuffers table; the model follows TE's default overlap pattern). The source's
 # TFLOP/s count causal attention (half the score FLOPs Megatron-LM counted in 2024), so the
-# row compares tokens per second, which needs no FLOP convention. Its Llama 3.1 405B row (126
-# layers split unevenly over PP8 x VP8 chunks) does not fit the model's even layer split.
+# row compares tokens per second, which needs no FLOP convention. Llama 3.1 405B (126 layers,
+# hidden 16384, FFN 53248, 128 heads with 8 KV groups), FP8-CS on 1024 H100, TP8 PP8 CP2 VP8,
+# micro-batch 1, global batch 512, the same recipe knobs; its 126 layers are split unevenly:
+# the recipe counts the embedding and the loss as one layer each of the split
+# (account_for_embedding/loss_in_pipeline_split), 128 / 64 chunks of 2, the first and the last
+# chunk holding one transformer layer.
 MEGATRON_BRIDGE_RUN = {"id": "bridge-llama3-70b-fp8", "gpu": "h100-sxm", "num_gpus": 64,
                        "num_layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
                        "kv_heads": 8, "vocab": 128256, "seq_length": 8192, "tp": 4, "pp": 8,
@@ -215,9 +220,18 @@ MEGATRON_BRIDGE_RUN = {"id": "bridge-llama3-70b-fp8", "gpu": "h100-sxm", "num_gp
                        "fp8_recipe": "current"}
 
 
+MEGATRON_BRIDGE_405B_RUN = {
+    **MEGATRON_BRIDGE_RUN, "id": "bridge-llama31-405b-fp8", "num_gpus": 1024, "num_layers": 126,
+    "hidden": 16384, "ffn_hidden": 53248, "heads": 128, "tp": 8, "cp": 2, "vpp": 8,
+    "global_batch": 512, "account_for_embedding_in_pipeline_split": True,
+    "account_for_loss_in_pipeline_split": True}
+
+
 def megatron_bridge_rows() -> list[dict]:
     return [{"source": MEGATRON_BRIDGE, "published": 1602.0, "metric": "tokens/s/GPU",
-             "run": MEGATRON_BRIDGE_RUN}]
+             "run": MEGATRON_BRIDGE_RUN},
+            {"source": MEGATRON_BRIDGE, "published": 292.0, "metric": "tokens/s/GPU",
+             "run": MEGATRON_BRIDGE_405B_RUN}]
 
 
 NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md, 'Pretraining', NeMo "

@@ -21,7 +21,10 @@ all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and 
 FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config left at
 BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
 fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current
-scaling, NeMo's FP8-CS; read only when precision is fp8).
+scaling, NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline
+splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even
+share) and account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
+(false), with Megatron-LM's flag names.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
-from megatron_lgs.lgs.workload import Layout, ModelConfig
+from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -86,6 +89,22 @@ class Run:
     tp_async_backward: bool = True
     grad_reduce_in_fp32: bool = True
     fp8_recipe: str = "delayed"
+    decoder_first_pipeline_num_layers: int = 0
+    decoder_last_pipeline_num_layers: int = 0
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    def layer_split(self) -> list[list[int]]:
+        """Transformer layers per [stage][virtual chunk] (`workload.layer_split`)."""
+        return layer_split(self.num_layers, self.pp, self.vpp,
+                           self.decoder_first_pipeline_num_layers,
+                           self.decoder_last_pipeline_num_layers,
+                           self.account_for_embedding_in_pipeline_split,
+                           self.account_for_loss_in_pipeline_split)
+
+    @property
+    def stage_layers(self) -> list[int]:
+        return [sum(chunks) for chunks in self.layer_split()]
 
     @property
     def num_micro_batches(self) -> int:
@@ -182,7 +201,14 @@ def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
                 micro_batch=lay.micro_batch_size, sequence_parallel=lay.tp > 1,
                 global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
                 zero=1 if lay.distributed_optimizer else 0,
-                distributed_optimizer=lay.distributed_optimizer)
+                distributed_optimizer=lay.distributed_optimizer,
+                decoder_first_pipeline_num_layers=lay.first_stage_layers,
+                decoder_last_pipeline_num_layers=lay.last_stage_layers,
+                account_for_embedding_in_pipeline_split=lay.embedding_in_split,
+                account_for_loss_in_pipeline_split=lay.loss_in_split)
+
+
+_SPLIT_FIELDS = {"first_stage_layers": "decoder_first_pipeline_num_layers"}
 
 
 def check_run(r: Run) -> None:
@@ -205,8 +231,10 @@ def check_run(r: Run) -> None:
     _divides("kv_heads", f"heads {r.heads} not divisible by kv_heads {r.kv_heads}", r.kv_heads,
              r.heads)
     _divides("kv_heads", f"kv_heads {r.kv_heads} not divisible by tp {r.tp}", r.tp, r.kv_heads)
-    _divides("num_layers", f"num_layers {r.num_layers} not divisible by pp x vpp "
-             f"{r.pp * r.vpp}", r.pp * r.vpp, r.num_layers)
+    try:
+        r.layer_split()
+    except SplitError as e:
+        raise RunError(_SPLIT_FIELDS.get(e.field, e.field), str(e)) from None
     if r.vpp > 1 and r.pp == 1:
         raise RunError("vpp", "virtual stages need pp > 1")
     _divides("global_batch", f"global_batch {r.global_batch} not divisible by micro_batch x dp "

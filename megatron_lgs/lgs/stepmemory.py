@@ -83,7 +83,7 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
 
 
 def activation_bytes(r: Run, stage: int) -> float:
-    per_stage = r.num_layers // r.pp
+    per_stage = r.stage_layers[stage]
     full, scores, inp = layer_activation_bytes(r)
     kept = {"none": full, "selective": full - scores, "full": inp}[r.recompute]
     inflight = min(r.num_micro_batches, r.pp - stage)

@@ -285,8 +285,8 @@ def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
 
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     layer = layer_cost(r, gpu, hw)
-    per_stage = r.num_layers // r.pp
-    p2p_f = p2p_b = 0.0
+    stage_layers = r.stage_layers
+    one = 0.0
     if r.pp > 1:
         ranks_per_stage = r.tp * r.cp * r.dp
         link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
@@ -299,21 +299,20 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
         if r.p2p_scatter_gather and not r.sequence_parallel:
             one += tp_collective_time("all_gather", full, r.tp, tp_link(r, hw))
-        p2p_f = p2p_b = r.vpp * one
+    out = []
+    for k, (dense, expert) in enumerate(stage_params(r)):
+        c = Cost()
+        c.add(layer, stage_layers[k])
+        if k == r.pp - 1:
+            c.add(_logits_cost(r, gpu))
+        c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each
             # chunk's send/recv is posted asynchronously and waited for only before the
             # chunk that needs it, so it hides behind one chunk's compute.
-            chunk = per_stage / r.vpp
-            p2p_f = r.vpp * max(0.0, one - chunk * layer.fwd_s)
-            p2p_b = r.vpp * max(0.0, one - chunk * layer.bwd_s)
-    out = []
-    for k, (dense, expert) in enumerate(stage_params(r)):
-        c = Cost()
-        c.add(layer, per_stage)
-        if k == r.pp - 1:
-            c.add(_logits_cost(r, gpu))
-        c.fwd["pp_p2p"], c.bwd["pp_p2p"] = p2p_f, p2p_b
+            chunk = stage_layers[k] / r.vpp
+            c.fwd["pp_p2p"] = r.vpp * max(0.0, one - chunk * layer.fwd_s)
+            c.bwd["pp_p2p"] = r.vpp * max(0.0, one - chunk * layer.bwd_s)
         embedding = r.vocab * r.hidden / r.tp if k == 0 else 0.0
         c.bwd["grad_buffer"] = memory_time(accumulate_bytes(r, dense + expert, embedding), gpu)
         out.append(c)
@@ -331,7 +330,11 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
     lay = Layout(tp=r.tp, pp=r.pp, dp=r.dp * r.cp, ep=r.ep, etp=r.etp,
                  gpus_per_node=min(r.gpus_per_node, r.num_gpus),
                  micro_batch_size=r.micro_batch, num_micro_batches=r.num_micro_batches,
-                 grad_bytes=grad_bytes(r), distributed_optimizer=r.distributed_optimizer)
+                 grad_bytes=grad_bytes(r), distributed_optimizer=r.distributed_optimizer,
+                first_stage_layers=r.decoder_first_pipeline_num_layers,
+                last_stage_layers=r.decoder_last_pipeline_num_layers,
+                embedding_in_split=r.account_for_embedding_in_pipeline_split,
+                loss_in_split=r.account_for_loss_in_pipeline_split)
     return Workload(model, lay, hw)
 
 
@@ -378,10 +381,9 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
         expert = r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp
     else:
         dense, expert = attn + mats * h * r.ffn_hidden // t, 0
-    per = r.num_layers // r.pp
     emb = r.vocab * h // t
     out = []
-    for k in range(r.pp):
+    for k, per in enumerate(r.stage_layers):
         d = per * dense + (emb if k == 0 else 0)
         if k == r.pp - 1:
             d += h + (emb if r.untie_embeddings or r.pp > 1 else 0)

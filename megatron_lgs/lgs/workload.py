@@ -66,6 +66,14 @@ class Layout:
     # Megatron accumulates and reduces bf16 gradients in fp32 by default.
     grad_bytes: int = 4
     distributed_optimizer: bool = False
+    # Megatron-core's uneven pipeline splits (`layer_split`): the layers of the first and last
+    # stage (0: the even share; --decoder-first/last-pipeline-num-layers), or the embedding and
+    # the loss counted as one layer each of the first and last stage
+    # (--account-for-embedding/loss-in-pipeline-split).
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "etp", "gpus_per_node", "micro_batch_size",
@@ -150,10 +158,68 @@ def layer_backward_flops(model: ModelConfig, lay: Layout) -> float:
     return sum(op.flops for op in _layer_backward(model, lay, 0))
 
 
+class SplitError(ValueError):
+    """A pipeline split megatron-core refuses; `field` names the Layout field to blame."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+
+
+def layer_split(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
+                embedding: bool = False, loss: bool = False) -> list[list[int]]:
+    """Transformer layers of each model chunk, [stage][chunk], as megatron-core 0.16's
+    `get_num_layers_to_build` assigns them (`Layout`'s split fields); raises SplitError where
+    it would assert."""
+    if first or last:
+        if embedding or loss:
+            raise SplitError("first_stage_layers", "uneven first/last stages cannot be combined "
+                             "with the embedding or loss counted in the split")
+        if pp == 1:
+            raise SplitError("first_stage_layers", "uneven first/last stages need pp > 1")
+        rest, left = num_layers - first - last, pp - bool(first) - bool(last)
+        if rest < 0 or (left and rest % left) or (not left and rest):
+            raise SplitError("num_layers", f"num_layers {num_layers} minus the first/last "
+                             f"stages' {first + last} does not split evenly over the other "
+                             f"{left} stage(s)")
+        stages = [rest // left if left else 0] * pp
+        stages[0] = first or stages[0]
+        stages[-1] = last or stages[-1]
+    else:
+        total = num_layers + embedding + loss
+        if total % pp:
+            extra = " (with the embedding/loss counted)" if total != num_layers else ""
+            raise SplitError("num_layers", f"num_layers {total}{extra} not divisible by pp {pp}")
+        stages = [total // pp] * pp
+    if any(n % vpp for n in stages):
+        raise SplitError("vpp", f"stage layers {sorted(set(stages))} not divisible by vpp {vpp}")
+    chunks = [[n // vpp] * vpp for n in stages]
+    chunks[0][0] -= embedding
+    chunks[-1][-1] -= loss
+    if min(chunks[0][0], chunks[-1][-1]) < 0:
+        raise SplitError("num_layers", "a chunk holding the embedding or loss has no layer left")
+    return chunks
+
+
+def layout_split(model: ModelConfig, lay: Layout, vpp: int = 1) -> list[list[int]]:
+    return layer_split(model.num_layers, lay.pp, vpp, lay.first_stage_layers,
+                       lay.last_stage_layers, lay.embedding_in_split, lay.loss_in_split)
+
+
+def _layer_ranges(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[range]:
+    """The layers of each chunk of `stage`; layers are numbered chunk-major, as in Megatron
+    (chunk 0 of every stage, then chunk 1, ...)."""
+    split = layout_split(model, lay, vpp)
+    out = []
+    for c in range(vpp):
+        start = sum(split[k][j] for j in range(c) for k in range(lay.pp))
+        start += sum(split[k][c] for k in range(stage))
+        out.append(range(start, start + split[stage][c]))
+    return out
+
+
 def _check_stage(model: ModelConfig, lay: Layout, stage: int, vpp: int = 1) -> None:
-    if model.num_layers % (lay.pp * vpp):
-        raise ValueError(f"num_layers {model.num_layers} not divisible by pp x vpp "
-                         f"{lay.pp * vpp}")
+    layout_split(model, lay, vpp)
     if model.num_experts % lay.ep:
         raise ValueError(f"num_experts {model.num_experts} not divisible by ep {lay.ep}")
     if not 0 <= stage < lay.pp:
@@ -182,25 +248,20 @@ def _backward(model: ModelConfig, lay: Layout, layers: range, first: bool, last:
 def stage_backward(model: ModelConfig, lay: Layout, stage: int) -> list[BackwardOp]:
     """Backward ops of one pipeline stage for one micro-batch, in execution order."""
     _check_stage(model, lay, stage)
-    per = model.num_layers // lay.pp
-    return _backward(model, lay, range(stage * per, (stage + 1) * per), stage == 0,
+    return _backward(model, lay, _layer_ranges(model, lay, stage, 1)[0], stage == 0,
                      stage == lay.pp - 1)
 
 
 def chunk_backward(model: ModelConfig, lay: Layout, stage: int, vpp: int
                    ) -> list[list[BackwardOp]]:
     """Backward ops of one stage under the interleaved schedule, per model chunk: stage k
-    holds chunks c = 0 .. vpp-1 of layers [(c pp + k) L, (c pp + k + 1) L), L = layers /
-    (pp vpp). Chunks are listed in the order their last backward runs (chunk vpp-1 first),
-    each chunk's ops in execution order."""
+    holds chunks c = 0 .. vpp-1 (evenly split: layers [(c pp + k) L, (c pp + k + 1) L),
+    L = layers / (pp vpp); else as `layer_split` says). Chunks are listed in the order their
+    last backward runs (chunk vpp-1 first), each chunk's ops in execution order."""
     _check_stage(model, lay, stage, vpp)
-    per = model.num_layers // (lay.pp * vpp)
-    chunks = []
-    for c in reversed(range(vpp)):
-        start = (c * lay.pp + stage) * per
-        chunks.append(_backward(model, lay, range(start, start + per), stage == 0 and c == 0,
-                                stage == lay.pp - 1 and c == vpp - 1))
-    return chunks
+    ranges = _layer_ranges(model, lay, stage, vpp)
+    return [_backward(model, lay, ranges[c], stage == 0 and c == 0,
+                      stage == lay.pp - 1 and c == vpp - 1) for c in reversed(range(vpp))]
 
 
 def forward_flops(ops: list[BackwardOp]) -> float:

@@ -1,0 +1,97 @@
+"""Uneven pipeline splits: the model's layer counts per stage and chunk are megatron-core's own
+(`get_num_layers_to_build`), a bad split is a one-line error naming the field, and the step
+model and the gradient-sync workload follow the split."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.runspec import RunError, run_from_dict
+from megatron_lgs.lgs.stepmemory import activation_bytes
+from megatron_lgs.lgs.stepmodel import predict_run, stage_costs, stage_params, sync_workload
+from megatron_lgs.lgs.workload import SplitError, layer_split, stage_backward, stage_numel
+
+# isort: split
+# megatron-core only after megatron_lgs, whose import installs the platform layer first.
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+# (layers, pp, vpp, first, last, embedding, loss)
+SPLITS = [(126, 8, 8, 0, 0, True, True), (126, 8, 1, 0, 0, True, True),
+          (30, 4, 1, 6, 6, False, False), (30, 4, 2, 0, 6, False, False),
+          (31, 4, 1, 7, 0, False, False), (24, 4, 2, 0, 0, False, False),
+          (15, 4, 1, 0, 0, True, False), (15, 4, 1, 0, 0, False, True),
+          (10, 2, 1, 4, 6, False, False), (30, 4, 1, 6, 0, False, False)]
+BAD = [((31, 4, 1, 6, 0, False, False), "num_layers"),
+       ((30, 4, 1, 0, 0, False, False), "num_layers"), ((24, 4, 4, 0, 0, False, False), "vpp"),
+       ((30, 4, 1, 6, 6, True, False), "first_stage_layers")]
+
+
+def megatron_split(layers, pp, vpp, first, last, embedding, loss) -> list[list[int]]:
+    cfg = TransformerConfig(
+        num_layers=layers, hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.bfloat16,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        num_layers_in_first_pipeline_stage=first or None,
+        num_layers_in_last_pipeline_stage=last or None,
+        account_for_embedding_in_pipeline_split=embedding, account_for_loss_in_pipeline_split=loss)
+    return [[get_num_layers_to_build(cfg, vp_stage=c if vpp > 1 else None, pp_rank=k)
+             for c in range(vpp)] for k in range(pp)]
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=str)
+def test_split_is_megatron_cores(split) -> None:
+    ours = layer_split(*split)
+    assert ours == megatron_split(*split)
+    assert sum(map(sum, ours)) == split[0]
+
+
+@pytest.mark.parametrize(("split", "field"), BAD, ids=str)
+def test_bad_split_is_refused_as_megatron_core_refuses_it(split, field) -> None:
+    with pytest.raises(SplitError) as err:
+        layer_split(*split)
+    assert err.value.field == field
+    with pytest.raises((AssertionError, ValueError)):
+        megatron_split(*split)
+
+
+RUN = {"id": "405b-like", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 14, "hidden": 2048,
+       "heads": 16, "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 2, "pp": 4, "vpp": 2,
+       "micro_batch": 1, "global_batch": 64, "swiglu": True, "distributed_optimizer": True,
+       "account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+
+
+def test_step_model_follows_the_split() -> None:
+    r = run_from_dict(RUN)
+    assert r.stage_layers == [3, 4, 4, 3]
+    gpu = get_gpu(r.gpu)
+    hw = link_profile(gpu)
+    costs = stage_costs(r, gpu, hw)
+    middle = costs[1].fwd["gemm"] / 4  # one layer's GEMMs
+    assert costs[0].fwd["gemm"] == pytest.approx(3 * middle)
+    assert costs[2].fwd["gemm"] == pytest.approx(4 * middle)
+    assert costs[3].fwd["gemm"] > 3 * middle  # three layers and the output layer
+    params = stage_params(r)
+    w = sync_workload(r, hw)
+    for k in range(r.pp):  # the replay's gradients are the step model's parameters
+        assert sum(stage_numel(stage_backward(w.model, w.layout, k)).values()) == params[k][0]
+    assert activation_bytes(r, 1) > activation_bytes(r, 2)  # as many layers, more in flight
+    assert predict_run(r).step_time_s > 0
+    even = replace(r, num_layers=16, account_for_embedding_in_pipeline_split=False,
+                   account_for_loss_in_pipeline_split=False)
+    assert even.stage_layers == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"num_layers": 15}, "num_layers"),
+    ({"decoder_first_pipeline_num_layers": 2}, "decoder_first_pipeline_num_layers"),
+    ({"vpp": 3}, "vpp"),
+    ({"decoder_last_pipeline_num_layers": 0}, "decoder_last_pipeline_num_layers")])
+def test_bad_split_in_a_run_names_its_field(change, field) -> None:
+    with pytest.raises(RunError) as err:
+        run_from_dict({**RUN, **change})
+    assert err.value.field == field and "\n" not in str(err.value)
