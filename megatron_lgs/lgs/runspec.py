@@ -202,6 +202,7 @@ def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
                 global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
                 zero=1 if lay.distributed_optimizer else 0,
                 distributed_optimizer=lay.distributed_optimizer,
+                grad_reduce_in_fp32=lay.grad_bytes == 4,
                 decoder_first_pipeline_num_layers=lay.first_stage_layers,
                 decoder_last_pipeline_num_layers=lay.last_stage_layers,
                 account_for_embedding_in_pipeline_split=lay.embedding_in_split,

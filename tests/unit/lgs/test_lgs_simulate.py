@@ -225,6 +225,8 @@ def test_simulator_compute_is_the_whole_step_model() -> None:
     """One compute model: on a built-in profile the threshold simulator replays the gradient
     sync on the whole-step model's stage times; a measured or custom profile, or an explicit
     efficiency, gives FLOPs at a flat rate instead."""
+    from dataclasses import replace
+
     from megatron_lgs.lgs.runspec import run_from_dict
     from megatron_lgs.lgs.stepmodel import compute_phase, predict_run, sync_workload
 
@@ -238,6 +240,9 @@ def test_simulator_compute_is_the_whole_step_model() -> None:
     assert w.kernel_timed and w.compute_label == "h100-sxm kernel model"
     assert p.compute_end_s == compute_phase(r)[1]
     assert p.step_time_s == predict_run(r, th).sync.step_time_s
+    bf16_grads = replace(r, grad_reduce_in_fp32=False)  # the round trip keeps the grad bytes
+    assert predict_step(sync_workload(bf16_grads, w.hw), th).step_time_s == predict_run(
+        bf16_grads, th).sync.step_time_s != p.step_time_s
     flat = predict_step(Workload(w.model, w.layout, w.hw, efficiency=0.5), th)
     custom_hw = custom(370, 47, peak_tflops=989)
     assert flat.compute_end_s == predict_step(Workload(w.model, w.layout, custom_hw), th
