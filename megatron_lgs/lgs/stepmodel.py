@@ -331,10 +331,10 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
                  gpus_per_node=min(r.gpus_per_node, r.num_gpus),
                  micro_batch_size=r.micro_batch, num_micro_batches=r.num_micro_batches,
                  grad_bytes=grad_bytes(r), distributed_optimizer=r.distributed_optimizer,
-                first_stage_layers=r.decoder_first_pipeline_num_layers,
-                last_stage_layers=r.decoder_last_pipeline_num_layers,
-                embedding_in_split=r.account_for_embedding_in_pipeline_split,
-                loss_in_split=r.account_for_loss_in_pipeline_split)
+                 first_stage_layers=r.decoder_first_pipeline_num_layers,
+                 last_stage_layers=r.decoder_last_pipeline_num_layers,
+                 embedding_in_split=r.account_for_embedding_in_pipeline_split,
+                 loss_in_split=r.account_for_loss_in_pipeline_split)
     return Workload(model, lay, hw)
 
 
