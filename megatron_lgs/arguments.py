@@ -102,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--sequence-parallel", par.sequence_parallel)
     _add(g, "--num-layers-per-virtual-pipeline-stage", par.num_layers_per_virtual_pipeline_stage,
          type=int, help="interleaved pipeline schedule: layers in each model chunk")
+    _add(g, "--decoder-first-pipeline-num-layers", par.decoder_first_pipeline_num_layers,
+         type=int, help="uneven pipeline: layers of the first stage")
+    _add(g, "--decoder-last-pipeline-num-layers", par.decoder_last_pipeline_num_layers,
+         type=int, help="uneven pipeline: layers of the last stage")
+    _add(g, "--account-for-embedding-in-pipeline-split",
+         par.account_for_embedding_in_pipeline_split,
+         help="count the embedding as one layer of the first stage")
+    _add(g, "--account-for-loss-in-pipeline-split", par.account_for_loss_in_pipeline_split,
+         help="count the output layer and loss as one layer of the last stage")
 
     g = p.add_argument_group("activation recompute")
     _add(g, "--recompute-granularity", m.recompute_granularity, type=str,

@@ -78,6 +78,10 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,
         virtual_pipeline_model_parallel_size=par.virtual_pipeline_size(m.num_layers),
+        num_layers_in_first_pipeline_stage=par.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=par.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split,
         # Batched isend/irecv gives silently wrong gradients on gloo when both pipeline
         # neighbours are the same rank (PP=2); separate sends and receives are correct.
         batch_p2p_comm=on_gpu,

@@ -67,13 +67,24 @@ class ParallelConfig:
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
     num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B when set
+    # Megatron-core's uneven pipeline splits: the first / last stage's layer count, or the
+    # embedding / the loss counted as one layer of the first / last stage.
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    def split_layers(self, num_layers: int) -> int:
+        """The layers the pipeline split divides: the embedding and loss count when asked."""
+        return (num_layers + self.account_for_embedding_in_pipeline_split
+                + self.account_for_loss_in_pipeline_split)
 
     def virtual_pipeline_size(self, num_layers: int) -> int | None:
         """Model chunks per pipeline rank (Megatron-LM's rule); None without interleaving."""
         per_stage = self.num_layers_per_virtual_pipeline_stage
         if per_stage is None:
             return None
-        return num_layers // self.pipeline_model_parallel_size // per_stage
+        return self.split_layers(num_layers) // self.pipeline_model_parallel_size // per_stage
 
     @property
     def data_parallel_size(self) -> int:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from data_pipeline.mixing import MixingConfig, MixingSchedule
 from megatron_lgs import (
@@ -183,14 +184,16 @@ class Trainer:
     def _log_setup(self) -> None:
         c = self.cfg
         n = sum(num_parameters(chunk) for chunk in self.model)
+        layers = sum(isinstance(mod, TransformerLayer) for chunk in self.model
+                     for mod in chunk.modules())
         print_rank_last(
             f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
             f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"
             f"\n world size {c.parallel.world_size} = TP {c.parallel.tensor_model_parallel_size}"
             f" x PP {c.parallel.pipeline_model_parallel_size} x CP "
             f"{c.parallel.context_parallel_size} x DP {self.dp_size}; parameters on this rank: "
-            f"{n:,}; precision {c.precision.name}; micro-batches per step: "
-            f"{self.num_microbatches}")
+            f"{n:,}; transformer layers on this rank: {layers}; precision {c.precision.name}; "
+            f"micro-batches per step: {self.num_microbatches}")
         if self.lgs:
             print_rank_0(self.lgs.describe())
         per_rank = memory.gather(memory.startup_memory_bytes(self.model, self.optimizer,

@@ -15,6 +15,7 @@ from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.gpus import PROFILES
 from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
+from megatron_lgs.lgs.workload import SplitError, layer_split
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters
 
 
@@ -70,9 +71,7 @@ def validate(cfg: Config) -> None:
         if not 1 <= m.moe_router_topk <= m.num_experts:
             raise ConfigError(f"--moe-router-topk ({m.moe_router_topk}) must be in 1.."
                               f"{m.num_experts}")
-    if m.num_layers % pp:
-        raise ConfigError(f"--num-layers ({m.num_layers}) must be divisible by "
-                          f"--pipeline-model-parallel-size ({pp})")
+    _validate_split(cfg)
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
                           f"--micro-batch-size x data-parallel size ({t.micro_batch_size} x {dp})")
@@ -81,7 +80,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--seq-length ({m.seq_length}) must be divisible by 2 x "
                           f"--context-parallel-size ({cp}): each CP rank takes two chunks")
     _validate_rampup(cfg)
-    _validate_recompute(m, pp)
+    _validate_recompute(m, min(_stage_layers(cfg)))
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                           "(megatron-core's MoE layer refuses to train without it)")
@@ -247,6 +246,49 @@ def _validate_instances(cfg: Config) -> None:
                           "without --load")
 
 
+# SplitError's field -> the flag to name.
+_SPLIT_FLAGS = {"num_layers": "--num-layers",
+                "first_stage_layers": "--decoder-first-pipeline-num-layers"}
+
+
+def _stage_layers(cfg: Config) -> list[int]:
+    """Transformer layers of each pipeline stage, as megatron-core builds them."""
+    par = cfg.parallel
+    split = layer_split(cfg.model.num_layers, par.pipeline_model_parallel_size, 1,
+                        par.decoder_first_pipeline_num_layers or 0,
+                        par.decoder_last_pipeline_num_layers or 0,
+                        par.account_for_embedding_in_pipeline_split,
+                        par.account_for_loss_in_pipeline_split)
+    return [sum(chunks) for chunks in split]
+
+
+def _validate_split(cfg: Config) -> None:
+    """The pipeline split megatron-core will build (`lgs.workload.layer_split`), one line."""
+    m, par = cfg.model, cfg.parallel
+    pp = par.pipeline_model_parallel_size
+    uneven = (par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers)
+    for flag, value in zip(("--decoder-first-pipeline-num-layers",
+                            "--decoder-last-pipeline-num-layers"), uneven, strict=True):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if any(v is not None for v in uneven) and par.num_layers_per_virtual_pipeline_stage:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                          "--decoder-first/last-pipeline-num-layers (their stages hold different "
+                          "layer counts); use --account-for-embedding/loss-in-pipeline-split")
+    if not any(uneven) and not (par.account_for_embedding_in_pipeline_split
+                                or par.account_for_loss_in_pipeline_split):
+        if m.num_layers % pp:
+            raise ConfigError(f"--num-layers ({m.num_layers}) must be divisible by "
+                              f"--pipeline-model-parallel-size ({pp}), or split unevenly "
+                              "(--decoder-first/last-pipeline-num-layers, "
+                              "--account-for-embedding/loss-in-pipeline-split)")
+        return
+    try:
+        _stage_layers(cfg)  # the virtual chunks: _validate_pipeline
+    except SplitError as e:
+        raise ConfigError(f"pipeline split ({_SPLIT_FLAGS.get(e.field, e.field)}): {e}") from None
+
+
 def _validate_pipeline(cfg: Config) -> None:
     par, t = cfg.parallel, cfg.training
     per_stage, pp = par.num_layers_per_virtual_pipeline_stage, par.pipeline_model_parallel_size
@@ -255,9 +297,14 @@ def _validate_pipeline(cfg: Config) -> None:
     if pp < 2:
         raise ConfigError("--num-layers-per-virtual-pipeline-stage needs "
                           "--pipeline-model-parallel-size > 1")
-    if per_stage < 1 or (cfg.model.num_layers // pp) % per_stage:
+    stage = par.split_layers(cfg.model.num_layers) // pp
+    if per_stage < 1 or stage % per_stage:
         raise ConfigError(f"--num-layers-per-virtual-pipeline-stage ({per_stage}) must divide "
-                          f"the layers of each pipeline stage ({cfg.model.num_layers // pp})")
+                          f"the layers of each pipeline stage ({stage})")
+    if per_stage == 1 and (par.account_for_embedding_in_pipeline_split
+                           or par.account_for_loss_in_pipeline_split):
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage 1 with the embedding or loss "
+                          "counted in the split leaves a model chunk without a transformer layer")
     if par.virtual_pipeline_size(cfg.model.num_layers) < 2:
         raise ConfigError("--num-layers-per-virtual-pipeline-stage must leave at least 2 model "
                           "chunks per pipeline stage (otherwise drop the flag)")
@@ -290,7 +337,7 @@ def _validate_rampup(cfg: Config) -> None:
                           f"micro-batch count must be divisible by PP ({pp})")
 
 
-def _validate_recompute(m: ModelConfig, pp: int) -> None:
+def _validate_recompute(m: ModelConfig, per_stage: int) -> None:
     """Megatron-LM's rules: full recompute names its method and layer count; selective
     recomputes the attention core of every layer and takes neither."""
     granularity, method, layers = m.recompute_granularity, m.recompute_method, \
@@ -307,10 +354,9 @@ def _validate_recompute(m: ModelConfig, pp: int) -> None:
         if method is None or layers is None:
             raise ConfigError("--recompute-granularity full needs --recompute-method "
                               "uniform|block and --recompute-num-layers")
-        per_stage = m.num_layers // pp
         if not 1 <= layers <= per_stage:
             raise ConfigError(f"--recompute-num-layers ({layers}) must be in 1..{per_stage} "
-                              f"(the layers of one pipeline stage)")
+                              f"(the layers of the smallest pipeline stage)")
 
 
 def _validate_zero(cfg: Config) -> None:

@@ -144,7 +144,10 @@ class _ProbeModel:
 def probe_config(cfg):
     """The run's config cut to one layer on one pipeline stage (what the probe builds)."""
     par = replace(cfg.parallel, pipeline_model_parallel_size=1,
-                  num_layers_per_virtual_pipeline_stage=None)
+                  num_layers_per_virtual_pipeline_stage=None,
+                  decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
+                  account_for_embedding_in_pipeline_split=False,
+                  account_for_loss_in_pipeline_split=False)
     return replace(cfg, model=replace(cfg.model, num_layers=1), parallel=par)
 
 

@@ -34,7 +34,14 @@ from megatron_lgs.lgs.planner import (
     threshold_sweep,
     with_thresholds,
 )
-from megatron_lgs.lgs.runspec import Run, RunError, check_run, layout_fields, model_fields
+from megatron_lgs.lgs.runspec import (
+    Run,
+    RunError,
+    check_run,
+    layout_fields,
+    model_fields,
+    pipeline_split_fields,
+)
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 
 LABEL = "PREDICTION (whole-step model, not a measurement)"
@@ -53,7 +60,9 @@ LAYOUT_FLAGS = frozenset((
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--micro-batch-size",
-    "--global-batch-size", "--ddp-bucket-size"))
+    "--global-batch-size", "--ddp-bucket-size", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split"))
 
 
 def _preset(name: str) -> tuple[dict, dict]:
@@ -89,9 +98,7 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)
-    vpp = (m.num_layers // (par.pipeline_model_parallel_size
-                            * par.num_layers_per_virtual_pipeline_stage)
-           if par.num_layers_per_virtual_pipeline_stage else 1)
+    vpp = par.virtual_pipeline_size(m.num_layers) or 1
     layout = dict(num_gpus=world_size(name), tp=par.tensor_model_parallel_size,
                   pp=par.pipeline_model_parallel_size, cp=par.context_parallel_size,
                   ep=par.expert_model_parallel_size,
@@ -99,7 +106,7 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
                   vpp=vpp, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
                   sequence_parallel=par.sequence_parallel,
                   recompute=m.recompute_granularity or "none", zero=zero,
-                  distributed_optimizer=zero >= 1)
+                  distributed_optimizer=zero >= 1, **pipeline_split_fields(par))
     return model, layout
 
 
@@ -161,7 +168,10 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
 
 
 def describe(r: Run) -> str:
-    lay = f"TP{r.tp} PP{r.pp}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
+    """A layout in one short line; an uneven pipeline shows its stages' layer range."""
+    stages = r.stage_layers
+    split = f"({min(stages)}-{max(stages)})" if min(stages) != max(stages) else ""
+    lay = f"TP{r.tp} PP{r.pp}{split}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
         (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + \
         (f" ETP{r.etp}" if r.num_experts and r.etp != r.tp else "") + f" DP{r.dp}"
     return f"{lay} mb{r.micro_batch} {r.recompute} ZeRO-{r.zero}"

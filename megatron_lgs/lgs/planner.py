@@ -1,4 +1,5 @@
-"""Layout search on the whole-step model: every TP, PP, virtual stages, CP, EP (with experts
+"""Layout search on the whole-step model: every TP, PP (even splits, or with the embedding and
+loss counted as layers where only that divides the model), virtual stages, CP, EP (with experts
 split over TP or not), micro-batch, recompute and ZeRO stage that divides the model and the
 GPUs, memory first, fastest first.
 
@@ -45,17 +46,33 @@ def _divisors(n: int, cap: int) -> list[int]:
     return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
 
 
+def _splits(num_layers: int) -> Iterator[tuple[int, bool]]:
+    """(pp, whether the embedding and loss count as layers): even splits, and the stage
+    counts that only divide the layers with the embedding and the loss counted (a 126-layer
+    model on 8 stages, as NVIDIA's Llama 3.1 405B recipe runs it)."""
+    for pp in range(1, MAX_PP + 1):
+        if num_layers % pp == 0:
+            yield pp, False
+        elif pp > 1 and (num_layers + 2) % pp == 0 and (num_layers + 2) // pp >= 2:
+            yield pp, True
+
+
 def layouts(base: Run) -> Iterator[Run]:
     """Every valid layout of `base`'s model on `base.num_gpus` at its global batch."""
     n, experts = base.num_gpus, base.num_experts
+    even = replace(base, decoder_first_pipeline_num_layers=0, decoder_last_pipeline_num_layers=0,
+                   account_for_embedding_in_pipeline_split=False,
+                   account_for_loss_in_pipeline_split=False)
     for tp in TP:
-        for pp in _divisors(base.num_layers, MAX_PP):
+        for pp, counted in _splits(base.num_layers):
+            split = replace(even, account_for_embedding_in_pipeline_split=counted,
+                            account_for_loss_in_pipeline_split=counted)
             for cp in CP:
                 if n % (tp * pp * cp):
                     continue
                 dp = n // (tp * pp * cp)
                 for ep in _divisors(experts, 64) if experts else [1]:
-                    yield from _inner(base, tp, pp, cp, dp, ep)
+                    yield from _inner(split, tp, pp, cp, dp, ep)
 
 
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
@@ -74,7 +91,9 @@ def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[R
                             check_run(r)
                         except RunError:
                             continue
-                        yield r
+                        # The trainer refuses a model chunk without a transformer layer.
+                        if min(map(min, r.layer_split())) >= 1:
+                            yield r
 
 
 def fits(r: Run) -> bool:
@@ -161,8 +180,14 @@ def layout_flags(p: Plan, global_batch: int) -> list[str]:
     if r.sequence_parallel:
         f.append("--sequence-parallel")
     f.append(f"--pipeline-model-parallel-size {r.pp}")
+    counted = r.account_for_embedding_in_pipeline_split + r.account_for_loss_in_pipeline_split
+    if r.account_for_embedding_in_pipeline_split:
+        f.append("--account-for-embedding-in-pipeline-split")
+    if r.account_for_loss_in_pipeline_split:
+        f.append("--account-for-loss-in-pipeline-split")
     if r.vpp > 1:
-        f.append(f"--num-layers-per-virtual-pipeline-stage {r.num_layers // (r.pp * r.vpp)}")
+        per_chunk = (r.num_layers + counted) // (r.pp * r.vpp)
+        f.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
     if r.cp > 1:
         f.append(f"--context-parallel-size {r.cp}")
     if r.ep > 1:

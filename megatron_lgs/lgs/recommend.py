@@ -7,7 +7,7 @@ not a measurement. Thresholds above the memory wall (`memwall`) are not recommen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
@@ -110,7 +110,7 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
 
     m, par, t = cfg.model, cfg.parallel, cfg.training
     dp = par.data_parallel_size
-    return workload_for(
+    w = workload_for(
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_size,
         num_attention_heads=m.num_attention_heads,
         vocab_size=padded_vocab_size(cfg.data.vocab_size, m.make_vocab_size_divisible_by,
@@ -125,6 +125,11 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
         untie_embeddings=m.untie_embeddings_and_output_weights,
         distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency,
         weighting=cfg.lgs.lgs_layer_weighting)
+    split = replace(w.layout, first_stage_layers=par.decoder_first_pipeline_num_layers or 0,
+                    last_stage_layers=par.decoder_last_pipeline_num_layers or 0,
+                    embedding_in_split=par.account_for_embedding_in_pipeline_split,
+                    loss_in_split=par.account_for_loss_in_pipeline_split)
+    return replace(w, layout=split)
 
 
 def recommend_for_config(cfg: Config, gpus_per_node: int,

@@ -209,6 +209,14 @@ def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
                 account_for_loss_in_pipeline_split=lay.loss_in_split)
 
 
+def pipeline_split_fields(par: Any) -> dict[str, Any]:
+    """The Run fields of a trainer `ParallelConfig`'s pipeline split (same names)."""
+    return dict(decoder_first_pipeline_num_layers=par.decoder_first_pipeline_num_layers or 0,
+                decoder_last_pipeline_num_layers=par.decoder_last_pipeline_num_layers or 0,
+                account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
+                account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
+
+
 _SPLIT_FIELDS = {"first_stage_layers": "decoder_first_pipeline_num_layers"}
 
 

@@ -28,6 +28,12 @@ DENSE_LAYOUTS = {
     "TP2+SP": (2, [*TP2, *SP]),
     "PP2": (2, PP2),
     "PP2+VPP2": (2, [*PP2, *VPP2]),
+    # Uneven splits (the log line names the last stage's layers): 1 + 3 layers, and the
+    # embedding and loss counted as layers, 6 units over 3 stages: 1 + 2 + 1 layers.
+    "PP2 first 1": (2, [*PP2, "--decoder-first-pipeline-num-layers", "1"]),
+    "PP3 embedding+loss": (3, ["--pipeline-model-parallel-size", "3",
+                               "--account-for-embedding-in-pipeline-split",
+                               "--account-for-loss-in-pipeline-split"]),
     "TP2xPP2": (4, [*TP2, *PP2]),
     "DP2xTP2": (4, TP2),
     # Context parallelism: megatron-core's batch split, our core attention (context_parallel.py).
@@ -65,6 +71,9 @@ def test_dense_layout_matches_one_process(references, data_cache, name):
     nproc, flags = DENSE_LAYOUTS[name]
     run = run_pretrain([*BASE, *STEPS, "--data-cache-dir", data_cache, *flags], nproc=nproc)
     _check(name, references["dense"], run.logged_losses())
+    last_stage = {"PP2 first 1": 3, "PP3 embedding+loss": 1}.get(name)
+    if last_stage is not None:
+        assert f"transformer layers on this rank: {last_stage};" in run.stdout
 
 
 @pytest.mark.parametrize("name", MOE_LAYOUTS)

@@ -23,6 +23,29 @@ def test_layout_and_recompute_flags_reach_their_dataclasses():
     assert parse_args([], world_size=1).parallel.virtual_pipeline_size(4) is None
 
 
+def test_uneven_pipeline_split_reaches_megatron_core():
+    """Megatron-LM's uneven-split flags reach TransformerConfig, and megatron-core builds the
+    layers our validation expects (`lgs.workload.layer_split`)."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from megatron_lgs.model import transformer_config
+
+    cases = [(["--pipeline-model-parallel-size", "4", "--num-layers", "14",
+               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+               "--num-layers-per-virtual-pipeline-stage", "2"], 4,
+              [[1, 2], [2, 2], [2, 2], [2, 1]]),
+             (["--pipeline-model-parallel-size", "3", "--num-layers", "7",
+               "--decoder-first-pipeline-num-layers", "1"], 3, [[1], [3], [3]])]
+    for argv, world, expected in cases:
+        cfg = parse_args([*argv, "--global-batch-size", "16", "--micro-batch-size", "1"],
+                         world_size=world)
+        config = transformer_config(cfg, get_platform())
+        vpp = len(expected[0])
+        built = [[get_num_layers_to_build(config, vp_stage=c if vpp > 1 else None, pp_rank=k)
+                  for c in range(vpp)] for k in range(len(expected))]
+        assert built == expected
+
+
 @pytest.mark.parametrize("argv, world, message", [
     (["--recompute-granularity", "full"], 1, "needs --recompute-method uniform|block"),
     (["--recompute-granularity", "selective", "--recompute-num-layers", "1"], 1, "takes no"),
@@ -40,6 +63,25 @@ def test_layout_and_recompute_flags_reach_their_dataclasses():
      "needs --sequence-parallel"),
     (["--context-parallel-size", "2", "--seq-length", "66"], 2,
      "--seq-length (66) must be divisible by 2 x --context-parallel-size (2)"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "3"], 2,
+     "or split unevenly (--decoder-first/last-pipeline-num-layers"),
+    (["--pipeline-model-parallel-size", "3", "--num-layers", "8",
+      "--decoder-first-pipeline-num-layers", "1"], 3,
+     "pipeline split (--num-layers): num_layers 8 minus the first/last stages' 1"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "4",
+      "--decoder-first-pipeline-num-layers", "1", "--account-for-loss-in-pipeline-split"], 2,
+     "(--decoder-first-pipeline-num-layers): uneven first/last stages cannot be combined"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "4",
+      "--decoder-last-pipeline-num-layers", "0"], 2,
+     "--decoder-last-pipeline-num-layers must be at least 1"),
+    ([*VPP, "--num-layers", "4", "--decoder-first-pipeline-num-layers", "1"], 2,
+     "cannot be combined with --decoder-first/last-pipeline-num-layers"),
+    ([*VPP, "--num-layers", "6", "--account-for-embedding-in-pipeline-split",
+      "--account-for-loss-in-pipeline-split"], 2, "leaves a model chunk without a transformer"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "5",
+      "--decoder-first-pipeline-num-layers", "1", "--recompute-granularity", "full",
+      "--recompute-method", "block", "--recompute-num-layers", "2"], 2,
+     "must be in 1..1 (the layers of the smallest pipeline stage)"),
 ])
 def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

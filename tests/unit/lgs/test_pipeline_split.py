@@ -95,3 +95,32 @@ def test_bad_split_in_a_run_names_its_field(change, field) -> None:
     with pytest.raises(RunError) as err:
         run_from_dict({**RUN, **change})
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_planner_counts_embedding_and_loss_where_only_that_divides_the_model() -> None:
+    """14 layers cannot split over 8 or 16 stages evenly; with the embedding and the loss
+    counted (16 units) 8 stages hold 1, 2, ..., 2, 1 layers. The planner proposes such
+    layouts, never one with a chunk left without a layer, and the trainer takes their flags."""
+    from megatron_lgs.arguments import build_parser, config_from_namespace
+    from megatron_lgs.lgs.planner import layout_flags, layouts, model_flags, with_thresholds
+    from megatron_lgs.validation import validate
+
+    base = run_from_dict({**RUN, "num_gpus": 64, "tp": 1, "pp": 1, "vpp": None,
+                          "account_for_embedding_in_pipeline_split": None,
+                          "account_for_loss_in_pipeline_split": None})
+    all_layouts = list(layouts(base))
+    counted = [r for r in all_layouts if r.account_for_embedding_in_pipeline_split]
+    assert {r.pp for r in counted} == {4, 8}  # 16 units: 16 stages would leave one empty
+    assert all(r.num_layers % r.pp for r in counted)
+    assert all(not r.account_for_embedding_in_pipeline_split for r in all_layouts
+               if r.num_layers % r.pp == 0)
+    assert all(min(map(min, r.layer_split())) >= 1 for r in all_layouts)
+    for pp, vpp in ((8, 1), (4, 2)):
+        r = next(r for r in counted if (r.pp, r.vpp, r.zero) == (pp, vpp, 1))
+        argv = " ".join(model_flags(r) + layout_flags(
+            with_thresholds(predict_run(r), [64]), r.global_batch)).split()
+        assert "--account-for-loss-in-pipeline-split" in argv
+        cfg = config_from_namespace(build_parser().parse_args(argv), r.num_gpus)
+        validate(cfg)
+        assert cfg.parallel.virtual_pipeline_size(cfg.model.num_layers) == (
+            vpp if vpp > 1 else None)

@@ -145,7 +145,7 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
 @pytest.mark.parametrize("extra,said", [
     (["--gpus", "0"], "--gpus"), (["--top", "0"], "--top"),
     (["--global-batch", "0"], "--global-batch"), (["--nic-gbit-per-gpu", "0"], "--nic-gbit"),
-    (["--gpus", "7"], "no layout of gpt-10b divides 7 GPUs"),
+    (["--gpus", "11"], "no layout of gpt-10b divides 11 GPUs"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
 ])
 def test_planner_bad_input_is_one_line(extra: list[str], said: str,
