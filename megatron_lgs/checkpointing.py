@@ -33,6 +33,7 @@ from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
@@ -152,8 +153,9 @@ def layout(model) -> dict[str, object]:
                       for b in chunk.buffers + chunk.expert_parallel_buffers)
         sharding = ("distributed_optimizer" if model[0].ddp_config.use_distributed_optimizer
                     else "none")
-    per_rank: list[int] = [0] * dist.get_world_size()
-    dist.all_gather_object(per_rank, buckets)
+    layers = sum(isinstance(mod, TransformerLayer) for chunk in model for mod in chunk.modules())
+    per_rank: list[tuple[int, int]] = [(0, 0)] * dist.get_world_size()
+    dist.all_gather_object(per_rank, (buckets, layers))
     ps = parallel_state
     return {
         "optimizer_format": optimizer_checkpoint.FORMAT,
@@ -165,13 +167,17 @@ def layout(model) -> dict[str, object]:
         "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
         "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
         "optimizer_sharding": sharding,
-        "grad_buckets_per_rank": per_rank,
+        "grad_buckets_per_rank": [b for b, _ in per_rank],
+        # The pipeline split: which layers a stage holds decides its ranks' RNG streams' use.
+        "transformer_layers_per_rank": [n for _, n in per_rank],
     }
 
 
 def _describe(record: dict) -> str:
+    layers = record.get("transformer_layers_per_rank") or [0]
+    uneven = f", {min(layers)}..{max(layers)} layers per rank" if min(layers) != max(layers) else ""
     return (f"TP{record['tensor_model_parallel_size']} x PP{record['pipeline_model_parallel_size']}"
-            f" x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
+            f"{uneven} x CP{record['context_parallel_size']} x DP{record['data_parallel_size']}, "
             f"EP{record['expert_model_parallel_size']}, optimizer sharding "
             f"{record.get('optimizer_sharding', 'unrecorded')}")
 
@@ -298,8 +304,9 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         setattr(state, name, getattr(saved, name))
     # Buckets and ZeRO stage do not decide which rank computes what: the RNG streams still fit.
     free = ("grad_buckets_per_rank", "optimizer_sharding")
-    same_layout = {k: v for k, v in saved_layout.items() if k not in free} == \
-        {k: v for k, v in run_layout.items() if k not in free}
+    # Keys both records have: older checkpoints (and imported weights) lack the layer counts.
+    keys = (saved_layout.keys() & run_layout.keys()) - set(free)
+    same_layout = all(saved_layout[k] == run_layout[k] for k in keys)
     if not cfg.no_load_rng and not same_layout:
         # Each rank's RNG streams belong to its place in the saved layout (dropout masks of a
         # tensor-parallel shard, of a pipeline stage): none of them is this rank's stream.

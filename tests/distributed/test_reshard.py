@@ -40,10 +40,14 @@ LAYOUTS = {
     "pp2-uneven": (2, ["--num-layers", "3", "--pipeline-model-parallel-size", "2",
                        "--decoder-first-pipeline-num-layers", "1"]),
     "dp1-3-layers": (1, ["--num-layers", "3"]),
+    # The same PP size split another way (1 + 3 against 2 + 2 of 4 layers) is a new layout.
+    "pp2-uneven-4": (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                         "--decoder-first-pipeline-num-layers", "1"]),
+    "pp2-4": (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2"]),
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
 CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"),
-         ("pp2-uneven", "dp1-3-layers"), ("tp2", "tp2")]
+         ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"), ("tp2", "tp2")]
 OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
 
 
@@ -83,7 +87,7 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     saved_dir = uninterrupted.save_dir / "iter_0000003"
     saved_layout = json.loads((saved_dir / "layout.json").read_text())
     # Several buckets on every rank (the uneven split's one-layer first stage has 2).
-    assert min(saved_layout["grad_buckets_per_rank"]) >= (2 if source == "pp2-uneven" else 4)
+    assert min(saved_layout["grad_buckets_per_rank"]) >= (2 if "uneven" in source else 4)
     load = _load_dir(uninterrupted.save_dir, 3, tmp_path / "load")
     nproc, extra = LAYOUTS[target]
     args = [*tiny, *BUCKETS, *RUN, *extra, "--load", str(load)]
@@ -91,6 +95,8 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     as_loaded = run_pretrain([*args, "--iterations-to-skip", "4"], nproc=nproc,
                              save_dir=tmp_path / "as-loaded")
     assert ("layout changed from" in as_loaded.stdout) == (source != target)
+    if source == "pp2-uneven-4":
+        assert "PP2, 1..3 layers per rank x CP1" in as_loaded.stdout
     resaved_dir = tmp_path / "as-loaded" / "iter_0000004"
     target_layout = json.loads((resaved_dir / "layout.json").read_text())
     assert target_layout["world_size"] == nproc
