@@ -33,13 +33,13 @@ from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
 from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
 from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.lgs.sync import LgsEngine
+from megatron_lgs.model import num_transformer_layers
 from megatron_lgs.run_config import CheckpointConfig, ConfigError
 from megatron_lgs.run_state import RunState
 
@@ -144,7 +144,8 @@ def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
 
 
 def layout(model) -> dict[str, object]:
-    """The parallel layout of this run (collective: gathers each rank's bucket count)."""
+    """The parallel layout of this run (collective: gathers each rank's bucket and layer
+    counts)."""
     if fsdp_checkpoint.is_fsdp(model):
         buckets = sum(len(chunk.param_and_grad_buffer.parameter_groups) for chunk in model)
         sharding = f"megatron_fsdp:{model[0].ddp_config.data_parallel_sharding_strategy}"
@@ -153,7 +154,7 @@ def layout(model) -> dict[str, object]:
                       for b in chunk.buffers + chunk.expert_parallel_buffers)
         sharding = ("distributed_optimizer" if model[0].ddp_config.use_distributed_optimizer
                     else "none")
-    layers = sum(isinstance(mod, TransformerLayer) for chunk in model for mod in chunk.modules())
+    layers = num_transformer_layers(model)
     per_rank: list[tuple[int, int]] = [(0, 0)] * dist.get_world_size()
     dist.all_gather_object(per_rank, (buckets, layers))
     ps = parallel_state

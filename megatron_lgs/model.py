@@ -24,6 +24,7 @@ from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
@@ -197,6 +198,11 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int,
 
 def num_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def num_transformer_layers(chunks: list[torch.nn.Module]) -> int:
+    """Transformer layers this rank holds (its pipeline stage's share, any wrapper)."""
+    return sum(isinstance(mod, TransformerLayer) for chunk in chunks for mod in chunk.modules())
 
 
 def flops_per_token(cfg: Config, vocab_size: int) -> float:

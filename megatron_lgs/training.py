@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from data_pipeline.mixing import MixingConfig, MixingSchedule
 from megatron_lgs import (
@@ -36,7 +35,7 @@ from megatron_lgs.arguments import fail
 from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
-from megatron_lgs.model import flops_per_token, num_parameters
+from megatron_lgs.model import flops_per_token, num_parameters, num_transformer_layers
 from megatron_lgs.optim import (
     attach_schedule_hooks,
     build_optimizer,
@@ -184,8 +183,7 @@ class Trainer:
     def _log_setup(self) -> None:
         c = self.cfg
         n = sum(num_parameters(chunk) for chunk in self.model)
-        layers = sum(isinstance(mod, TransformerLayer) for chunk in self.model
-                     for mod in chunk.modules())
+        layers = num_transformer_layers(self.model)
         print_rank_last(
             f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
             f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"
