@@ -189,7 +189,9 @@ def layer_split(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: in
         total = num_layers + embedding + loss
         if total % pp:
             extra = " (with the embedding/loss counted)" if total != num_layers else ""
-            raise SplitError("num_layers", f"num_layers {total}{extra} not divisible by pp {pp}")
+            raise SplitError("num_layers", f"num_layers {total}{extra} not divisible by pp {pp} "
+                             "(an uneven split sets the first/last stage's layers or counts the "
+                             "embedding and loss)")
         stages = [total // pp] * pp
     if any(n % vpp for n in stages):
         raise SplitError("vpp", f"stage layers {sorted(set(stages))} not divisible by vpp {vpp}")
