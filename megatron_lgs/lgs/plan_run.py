@@ -106,6 +106,8 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
                   vpp=vpp, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
                   sequence_parallel=par.sequence_parallel,
                   recompute=m.recompute_granularity or "none", zero=zero,
+                  recompute_num_layers=(m.recompute_num_layers or 0
+                                        if m.recompute_method == "block" else 0),
                   distributed_optimizer=zero >= 1, **pipeline_split_fields(par))
     return model, layout
 

@@ -24,7 +24,8 @@ fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor cur
 scaling, NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline
 splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even
 share) and account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-(false), with Megatron-LM's flag names.
+(false), with Megatron-LM's flag names, and recompute_num_layers (null: full recompute of every
+layer; N: Megatron's block method, the first N layers of each model chunk).
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class Run:
     decoder_last_pipeline_num_layers: int = 0
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    recompute_num_layers: int = 0
+
+    def recomputed_layers(self, stage: int) -> int:
+        """Layers of `stage` whose forward runs again in the backward under full recompute:
+        every layer (the uniform method), or with `recompute_num_layers` N Megatron's block
+        method, the first N layers of each model chunk."""
+        if self.recompute != "full":
+            return 0
+        chunks = self.layer_split()[stage]
+        n = self.recompute_num_layers
+        return sum(min(n, c) for c in chunks) if n else sum(chunks)
 
     def layer_split(self) -> list[list[int]]:
         """Transformer layers per [stage][virtual chunk] (`workload.layer_split`)."""
@@ -240,6 +252,9 @@ def check_run(r: Run) -> None:
     _divides("kv_heads", f"heads {r.heads} not divisible by kv_heads {r.kv_heads}", r.kv_heads,
              r.heads)
     _divides("kv_heads", f"kv_heads {r.kv_heads} not divisible by tp {r.tp}", r.tp, r.kv_heads)
+    if r.recompute_num_layers and r.recompute != "full":
+        raise RunError("recompute_num_layers", "takes recompute \"full\" (Megatron's block "
+                                               "method)")
     try:
         r.layer_split()
     except SplitError as e:

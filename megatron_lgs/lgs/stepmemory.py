@@ -85,12 +85,13 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
 def activation_bytes(r: Run, stage: int) -> float:
     per_stage = r.stage_layers[stage]
     full, scores, inp = layer_activation_bytes(r)
-    kept = {"none": full, "selective": full - scores, "full": inp}[r.recompute]
+    kept = {"none": full, "selective": full - scores, "full": full}[r.recompute]
+    recomputed = r.recomputed_layers(stage)
     inflight = min(r.num_micro_batches, r.pp - stage)
     if r.vpp > 1:
         inflight *= 1 + (r.pp - 1) / (r.pp * r.vpp)
-    act = per_stage * kept * inflight
-    if r.recompute == "full":
+    act = ((per_stage - recomputed) * kept + recomputed * inp) * inflight
+    if recomputed:
         act += full  # the layer being recomputed
     tok = r.micro_batch * r.seq_length / r.cp
     if stage == r.pp - 1:

@@ -21,7 +21,8 @@ critical path:
   all-gathers it over TP after receiving; s b h without either), blocking as in 1F1B,
   or, interleaved with `overlap_p2p_comm`, exposed only beyond one chunk's compute;
 - recompute: `full` runs each layer's forward (with its communication) again before its
-  backward, `selective` the core attention only;
+  backward (with `recompute_num_layers` N, Megatron's block method: the first N layers of
+  each model chunk), `selective` the core attention only;
 - host: each layer direction lasts at least the time the host needs to issue its kernels
   (`host_overhead`, binding only for small layers).
 
@@ -303,6 +304,9 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
         c.add(layer, stage_layers[k])
+        # Block recompute: only the first N layers of each chunk run their forward again.
+        c.bwd["recompute"] -= (stage_layers[k] - r.recomputed_layers(k)) * \
+            layer.bwd["recompute"] if r.recompute == "full" else 0.0
         if k == r.pp - 1:
             c.add(_logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one

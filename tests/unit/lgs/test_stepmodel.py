@@ -21,6 +21,7 @@ from megatron_lgs.lgs.stepmodel import (
     compute_phase,
     layer_cost,
     predict_run,
+    stage_costs,
     stage_params,
     sync_workload,
 )
@@ -345,3 +346,26 @@ def test_zero3_gathers_per_micro_batch() -> None:
     fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
     assert costs[0].fwd["param_all_gather"] == pytest.approx(max(0.0, ag - fwd))
     assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
+
+
+def test_block_recompute_by_hand() -> None:
+    """Megatron's block method: the first N layers of each model chunk run their forward
+    again; their activations shrink to the layer input, the others keep everything."""
+    from megatron_lgs.lgs.stepmemory import activation_bytes
+
+    r = run(pp=2, vpp=2, recompute="full", global_batch=512)  # 8 layers a stage, chunks of 4
+    block = replace(r, recompute_num_layers=1)
+    gpu, hw = A100, link_profile(A100)
+    layer = layer_cost(r, gpu, hw)
+    full, part = stage_costs(r, gpu, hw)[0], stage_costs(block, gpu, hw)[0]
+    assert (r.recomputed_layers(0), block.recomputed_layers(0)) == (8, 2)
+    assert full.bwd["recompute"] == pytest.approx(8 * layer.bwd["recompute"])
+    assert part.bwd["recompute"] == pytest.approx(2 * layer.bwd["recompute"])
+    none = predict_run(replace(r, recompute="none")).step_time_s
+    assert none < predict_run(block).step_time_s < predict_run(r).step_time_s
+    kept, _, inp = layer_activation_bytes(r)
+    inflight = 2 * (1 + 1 / 4)  # stage 0 of 2, interleaved with 2 chunks
+    assert activation_bytes(block, 0) == pytest.approx((6 * kept + 2 * inp) * inflight + kept)
+    assert activation_bytes(r, 0) == pytest.approx(8 * inp * inflight + kept)
+    with pytest.raises(RunError, match="recompute_num_layers"):
+        run(recompute_num_layers=2)
