@@ -15,7 +15,7 @@ from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.lgs.gpus import PROFILES
 from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
-from megatron_lgs.lgs.workload import SplitError, layer_split
+from megatron_lgs.lgs.workload import SplitError, layer_split, pipeline_split
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters
 
 
@@ -248,17 +248,14 @@ def _validate_instances(cfg: Config) -> None:
 
 # SplitError's field -> the flag to name.
 _SPLIT_FLAGS = {"num_layers": "--num-layers",
-                "first_stage_layers": "--decoder-first-pipeline-num-layers"}
+                "decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers"}
 
 
 def _stage_layers(cfg: Config) -> list[int]:
     """Transformer layers of each pipeline stage, as megatron-core builds them."""
     par = cfg.parallel
     split = layer_split(cfg.model.num_layers, par.pipeline_model_parallel_size, 1,
-                        par.decoder_first_pipeline_num_layers or 0,
-                        par.decoder_last_pipeline_num_layers or 0,
-                        par.account_for_embedding_in_pipeline_split,
-                        par.account_for_loss_in_pipeline_split)
+                        *pipeline_split(par).values())
     return [sum(chunks) for chunks in split]
 
 

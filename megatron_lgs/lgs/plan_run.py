@@ -34,15 +34,9 @@ from megatron_lgs.lgs.planner import (
     threshold_sweep,
     with_thresholds,
 )
-from megatron_lgs.lgs.runspec import (
-    Run,
-    RunError,
-    check_run,
-    layout_fields,
-    model_fields,
-    pipeline_split_fields,
-)
+from megatron_lgs.lgs.runspec import Run, RunError, check_run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
+from megatron_lgs.lgs.workload import pipeline_split
 
 LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
@@ -108,7 +102,7 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
                   recompute=m.recompute_granularity or "none", zero=zero,
                   recompute_num_layers=(m.recompute_num_layers or 0
                                         if m.recompute_method == "block" else 0),
-                  distributed_optimizer=zero >= 1, **pipeline_split_fields(par))
+                  distributed_optimizer=zero >= 1, **pipeline_split(par))
     return model, layout
 
 

@@ -14,7 +14,7 @@ from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.grid import GRID_MB, preference, sweep
 from megatron_lgs.lgs.hardware import resolve_profile
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
-from megatron_lgs.lgs.workload import Layout, ModelConfig
+from megatron_lgs.lgs.workload import Layout, ModelConfig, pipeline_split
 
 if TYPE_CHECKING:  # run_config imports this package for the --lgs flags: no import cycle
     from megatron_lgs.run_config import Config
@@ -125,11 +125,7 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
         untie_embeddings=m.untie_embeddings_and_output_weights,
         distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency,
         weighting=cfg.lgs.lgs_layer_weighting)
-    split = replace(w.layout, first_stage_layers=par.decoder_first_pipeline_num_layers or 0,
-                    last_stage_layers=par.decoder_last_pipeline_num_layers or 0,
-                    embedding_in_split=par.account_for_embedding_in_pipeline_split,
-                    loss_in_split=par.account_for_loss_in_pipeline_split)
-    return replace(w, layout=split)
+    return replace(w, layout=replace(w.layout, **pipeline_split(par)))
 
 
 def recommend_for_config(cfg: Config, gpus_per_node: int,

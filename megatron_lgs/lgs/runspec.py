@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
-from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split
+from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split, pipeline_split
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -108,11 +108,7 @@ class Run:
 
     def layer_split(self) -> list[list[int]]:
         """Transformer layers per [stage][virtual chunk] (`workload.layer_split`)."""
-        return layer_split(self.num_layers, self.pp, self.vpp,
-                           self.decoder_first_pipeline_num_layers,
-                           self.decoder_last_pipeline_num_layers,
-                           self.account_for_embedding_in_pipeline_split,
-                           self.account_for_loss_in_pipeline_split)
+        return layer_split(self.num_layers, self.pp, self.vpp, *pipeline_split(self).values())
 
     @property
     def stage_layers(self) -> list[int]:
@@ -214,22 +210,7 @@ def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
                 global_batch=lay.micro_batch_size * lay.num_micro_batches * lay.dp,
                 zero=1 if lay.distributed_optimizer else 0,
                 distributed_optimizer=lay.distributed_optimizer,
-                grad_reduce_in_fp32=lay.grad_bytes == 4,
-                decoder_first_pipeline_num_layers=lay.first_stage_layers,
-                decoder_last_pipeline_num_layers=lay.last_stage_layers,
-                account_for_embedding_in_pipeline_split=lay.embedding_in_split,
-                account_for_loss_in_pipeline_split=lay.loss_in_split)
-
-
-def pipeline_split_fields(par: Any) -> dict[str, Any]:
-    """The Run fields of a trainer `ParallelConfig`'s pipeline split (same names)."""
-    return dict(decoder_first_pipeline_num_layers=par.decoder_first_pipeline_num_layers or 0,
-                decoder_last_pipeline_num_layers=par.decoder_last_pipeline_num_layers or 0,
-                account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
-                account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
-
-
-_SPLIT_FIELDS = {"first_stage_layers": "decoder_first_pipeline_num_layers"}
+                grad_reduce_in_fp32=lay.grad_bytes == 4, **pipeline_split(lay))
 
 
 def check_run(r: Run) -> None:
@@ -258,7 +239,7 @@ def check_run(r: Run) -> None:
     try:
         r.layer_split()
     except SplitError as e:
-        raise RunError(_SPLIT_FIELDS.get(e.field, e.field), str(e)) from None
+        raise RunError(e.field, str(e)) from None
     if r.vpp > 1 and r.pp == 1:
         raise RunError("vpp", "virtual stages need pp > 1")
     _divides("global_batch", f"global_batch {r.global_batch} not divisible by micro_batch x dp "

@@ -71,7 +71,14 @@ from megatron_lgs.lgs.tpcomm import (
     tp_gemm_parts,
     tp_link,
 )
-from megatron_lgs.lgs.workload import DENSE, EXPERT, Layout, ModelConfig, stage_numel
+from megatron_lgs.lgs.workload import (
+    DENSE,
+    EXPERT,
+    Layout,
+    ModelConfig,
+    pipeline_split,
+    stage_numel,
+)
 
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
          "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
@@ -335,10 +342,7 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
                  gpus_per_node=min(r.gpus_per_node, r.num_gpus),
                  micro_batch_size=r.micro_batch, num_micro_batches=r.num_micro_batches,
                  grad_bytes=grad_bytes(r), distributed_optimizer=r.distributed_optimizer,
-                 first_stage_layers=r.decoder_first_pipeline_num_layers,
-                 last_stage_layers=r.decoder_last_pipeline_num_layers,
-                 embedding_in_split=r.account_for_embedding_in_pipeline_split,
-                 loss_in_split=r.account_for_loss_in_pipeline_split)
+                 **pipeline_split(r))
     return Workload(model, lay, hw)
 
 

@@ -66,14 +66,13 @@ class Layout:
     # Megatron accumulates and reduces bf16 gradients in fp32 by default.
     grad_bytes: int = 4
     distributed_optimizer: bool = False
-    # Megatron-core's uneven pipeline splits (`layer_split`): the layers of the first and last
-    # stage (0: the even share; --decoder-first/last-pipeline-num-layers), or the embedding and
-    # the loss counted as one layer each of the first and last stage
-    # (--account-for-embedding/loss-in-pipeline-split).
-    first_stage_layers: int = 0
-    last_stage_layers: int = 0
-    embedding_in_split: bool = False
-    loss_in_split: bool = False
+    # Megatron-core's uneven pipeline splits (`layer_split`; SPLIT_FIELDS, Megatron-LM's names):
+    # the layers of the first and last stage (0: the even share), or the embedding and the loss
+    # counted as one layer each of the first and last stage.
+    decoder_first_pipeline_num_layers: int = 0
+    decoder_last_pipeline_num_layers: int = 0
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "etp", "gpus_per_node", "micro_batch_size",
@@ -158,6 +157,18 @@ def layer_backward_flops(model: ModelConfig, lay: Layout) -> float:
     return sum(op.flops for op in _layer_backward(model, lay, 0))
 
 
+# The pipeline-split fields, named alike in the trainer's ParallelConfig, runspec.Run and Layout.
+SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def pipeline_split(obj: object) -> dict[str, int | bool]:
+    """The SPLIT_FIELDS of a ParallelConfig, Run or Layout (an unset layer count: 0), in the
+    order of `layer_split`'s arguments."""
+    return {f: (getattr(obj, f) or 0) if "num_layers" in f else bool(getattr(obj, f))
+            for f in SPLIT_FIELDS}
+
+
 class SplitError(ValueError):
     """A pipeline split megatron-core refuses; `field` names the Layout field to blame."""
 
@@ -173,10 +184,10 @@ def layer_split(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: in
     it would assert."""
     if first or last:
         if embedding or loss:
-            raise SplitError("first_stage_layers", "uneven first/last stages cannot be combined "
+            raise SplitError(SPLIT_FIELDS[0], "uneven first/last stages cannot be combined "
                              "with the embedding or loss counted in the split")
         if pp == 1:
-            raise SplitError("first_stage_layers", "uneven first/last stages need pp > 1")
+            raise SplitError(SPLIT_FIELDS[0], "uneven first/last stages need pp > 1")
         rest, left = num_layers - first - last, pp - bool(first) - bool(last)
         if rest < 0 or (left and rest % left) or (not left and rest):
             raise SplitError("num_layers", f"num_layers {num_layers} minus the first/last "
@@ -204,8 +215,7 @@ def layer_split(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: in
 
 
 def layout_split(model: ModelConfig, lay: Layout, vpp: int = 1) -> list[list[int]]:
-    return layer_split(model.num_layers, lay.pp, vpp, lay.first_stage_layers,
-                       lay.last_stage_layers, lay.embedding_in_split, lay.loss_in_split)
+    return layer_split(model.num_layers, lay.pp, vpp, *pipeline_split(lay).values())
 
 
 def _layer_ranges(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[range]:

@@ -28,7 +28,7 @@ SPLITS = [(126, 8, 8, 0, 0, True, True), (126, 8, 1, 0, 0, True, True),
           (10, 2, 1, 4, 6, False, False), (30, 4, 1, 6, 0, False, False)]
 BAD = [((31, 4, 1, 6, 0, False, False), "num_layers"),
        ((30, 4, 1, 0, 0, False, False), "num_layers"), ((24, 4, 4, 0, 0, False, False), "vpp"),
-       ((30, 4, 1, 6, 6, True, False), "first_stage_layers")]
+       ((30, 4, 1, 6, 6, True, False), "decoder_first_pipeline_num_layers")]
 
 
 def megatron_split(layers, pp, vpp, first, last, embedding, loss) -> list[list[int]]:
