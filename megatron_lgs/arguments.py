@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--sequence-parallel", par.sequence_parallel)
     _add(g, "--num-layers-per-virtual-pipeline-stage", par.num_layers_per_virtual_pipeline_stage,
          type=int, help="interleaved pipeline schedule: layers in each model chunk")
+    _add(g, "--num-virtual-stages-per-pipeline-rank", par.num_virtual_stages_per_pipeline_rank,
+         type=int, help="interleaved pipeline schedule: model chunks per pipeline rank (also "
+         "with uneven first/last stages)")
     _add(g, "--decoder-first-pipeline-num-layers", par.decoder_first_pipeline_num_layers,
          type=int, help="uneven pipeline: layers of the first stage")
     _add(g, "--decoder-last-pipeline-num-layers", par.decoder_last_pipeline_num_layers,

@@ -66,7 +66,11 @@ class ParallelConfig:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
-    num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B when set
+    # Interleaved 1F1B when either is set (Megatron-LM's two flags; one at a time): the layers
+    # of each model chunk, or the model chunks per pipeline rank (which also takes uneven
+    # first/last stages).
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    num_virtual_stages_per_pipeline_rank: int | None = None
     # Megatron-core's uneven pipeline splits: the first / last stage's layer count, or the
     # embedding / the loss counted as one layer of the first / last stage.
     decoder_first_pipeline_num_layers: int | None = None
@@ -81,6 +85,8 @@ class ParallelConfig:
 
     def virtual_pipeline_size(self, num_layers: int) -> int | None:
         """Model chunks per pipeline rank (Megatron-LM's rule); None without interleaving."""
+        if self.num_virtual_stages_per_pipeline_rank is not None:
+            return self.num_virtual_stages_per_pipeline_rank
         per_stage = self.num_layers_per_virtual_pipeline_stage
         if per_stage is None:
             return None

@@ -271,7 +271,8 @@ def _validate_split(cfg: Config) -> None:
     if any(v is not None for v in uneven) and par.num_layers_per_virtual_pipeline_stage:
         raise ConfigError("--num-layers-per-virtual-pipeline-stage cannot be combined with "
                           "--decoder-first/last-pipeline-num-layers (their stages hold different "
-                          "layer counts); use --account-for-embedding/loss-in-pipeline-split")
+                          "layer counts); give the model chunks per pipeline rank with "
+                          "--num-virtual-stages-per-pipeline-rank, as Megatron-LM asks")
     if not any(uneven) and not (par.account_for_embedding_in_pipeline_split
                                 or par.account_for_loss_in_pipeline_split):
         if m.num_layers % pp:
@@ -288,23 +289,40 @@ def _validate_split(cfg: Config) -> None:
 
 def _validate_pipeline(cfg: Config) -> None:
     par, t = cfg.parallel, cfg.training
-    per_stage, pp = par.num_layers_per_virtual_pipeline_stage, par.pipeline_model_parallel_size
-    if per_stage is None:
+    per_chunk, chunks = (par.num_layers_per_virtual_pipeline_stage,
+                         par.num_virtual_stages_per_pipeline_rank)
+    pp = par.pipeline_model_parallel_size
+    if per_chunk is None and chunks is None:
         return
+    if per_chunk is not None and chunks is not None:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage and "
+                          "--num-virtual-stages-per-pipeline-rank both set the interleaved "
+                          "schedule; give one")
+    flag = ("--num-layers-per-virtual-pipeline-stage" if chunks is None
+            else "--num-virtual-stages-per-pipeline-rank")
     if pp < 2:
-        raise ConfigError("--num-layers-per-virtual-pipeline-stage needs "
-                          "--pipeline-model-parallel-size > 1")
-    stage = par.split_layers(cfg.model.num_layers) // pp
-    if per_stage < 1 or stage % per_stage:
-        raise ConfigError(f"--num-layers-per-virtual-pipeline-stage ({per_stage}) must divide "
-                          f"the layers of each pipeline stage ({stage})")
-    if per_stage == 1 and (par.account_for_embedding_in_pipeline_split
-                           or par.account_for_loss_in_pipeline_split):
-        raise ConfigError("--num-layers-per-virtual-pipeline-stage 1 with the embedding or loss "
-                          "counted in the split leaves a model chunk without a transformer layer")
-    if par.virtual_pipeline_size(cfg.model.num_layers) < 2:
-        raise ConfigError("--num-layers-per-virtual-pipeline-stage must leave at least 2 model "
-                          "chunks per pipeline stage (otherwise drop the flag)")
+        raise ConfigError(f"{flag} needs --pipeline-model-parallel-size > 1")
+    if per_chunk is not None:
+        stage = par.split_layers(cfg.model.num_layers) // pp
+        if per_chunk < 1 or stage % per_chunk:
+            raise ConfigError(f"{flag} ({per_chunk}) must divide the layers of each pipeline "
+                              f"stage ({stage})")
+    vpp = par.virtual_pipeline_size(cfg.model.num_layers)
+    if vpp < 2:
+        raise ConfigError(f"{flag} must leave at least 2 model chunks per pipeline stage "
+                          "(otherwise drop the flag)")
+    try:
+        split = layer_split(cfg.model.num_layers, pp, vpp, *pipeline_split(par).values())
+    except SplitError:
+        units = _stage_layers(cfg)  # the embedding and loss count where the split counts them
+        units[0] += par.account_for_embedding_in_pipeline_split
+        units[-1] += par.account_for_loss_in_pipeline_split
+        raise ConfigError(f"{flag}: {vpp} model chunks per pipeline rank must divide the layers "
+                          f"of every stage ({', '.join(map(str, units))})") from None
+    if min(min(c) for c in split) < 1:
+        raise ConfigError(f"{flag}: {vpp} model chunks per pipeline rank leave a chunk without a "
+                          "transformer layer (the embedding or loss counted in the split fills "
+                          "it)")
     micro_batches = t.global_batch_size // (t.micro_batch_size * par.data_parallel_size)
     if micro_batches % pp:
         raise ConfigError(f"the interleaved schedule needs micro-batches per step "
@@ -329,7 +347,8 @@ def _validate_rampup(cfg: Config) -> None:
         raise ConfigError(f"--rampup-batch-size: START ({start}) and INCREMENT ({increment}) must "
                           f"be multiples of --micro-batch-size x data-parallel size ({unit})")
     pp = par.pipeline_model_parallel_size
-    if par.num_layers_per_virtual_pipeline_stage and (start // unit % pp or increment // unit % pp):
+    if par.virtual_pipeline_size(cfg.model.num_layers) and (start // unit % pp
+                                                              or increment // unit % pp):
         raise ConfigError("--rampup-batch-size with the interleaved schedule: every step's "
                           f"micro-batch count must be divisible by PP ({pp})")
 

@@ -49,7 +49,8 @@ ROW_GRID_MB = [16, 64, 256]
 # replaced, its other flags (model, optimizer, schedule) kept.
 LAYOUT_FLAGS = frozenset((
     "--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
-    "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size",
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--recompute-granularity",

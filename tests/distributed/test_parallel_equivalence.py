@@ -76,6 +76,18 @@ def test_dense_layout_matches_one_process(references, data_cache, name):
         assert f"transformer layers on this rank: {last_stage};" in run.stdout
 
 
+def test_uneven_interleaved_pipeline_matches_one_process(data_cache):
+    """Uneven first/last stages under the interleaved schedule (Megatron-LM's
+    --num-virtual-stages-per-pipeline-rank): 6 layers, the first rank's 2 in two chunks of 1,
+    the last rank's 4 in two chunks of 2."""
+    six = [*BASE, *STEPS, "--data-cache-dir", data_cache, "--num-layers", "6"]
+    reference = run_pretrain(six).logged_losses()
+    run = run_pretrain([*six, *PP2, "--decoder-first-pipeline-num-layers", "2",
+                        "--num-virtual-stages-per-pipeline-rank", "2"], nproc=2)
+    _check("PP2 first 2 + 2 chunks per rank", reference, run.logged_losses())
+    assert "transformer layers on this rank: 4;" in run.stdout
+
+
 @pytest.mark.parametrize("name", MOE_LAYOUTS)
 def test_moe_layout_matches_one_process(references, data_cache, name):
     nproc, flags = MOE_LAYOUTS[name]

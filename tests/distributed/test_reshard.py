@@ -44,10 +44,17 @@ LAYOUTS = {
     "pp2-uneven-4": (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
                          "--decoder-first-pipeline-num-layers", "1"]),
     "pp2-4": (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2"]),
+    # Uneven and interleaved: 2 + 4 of 6 layers, each rank's in 2 model chunks ("model0",
+    # "model1"), resumed in one process.
+    "pp2-uneven-vpp2": (2, ["--num-layers", "6", "--pipeline-model-parallel-size", "2",
+                            "--decoder-first-pipeline-num-layers", "2",
+                            "--num-virtual-stages-per-pipeline-rank", "2"]),
+    "dp1-6-layers": (1, ["--num-layers", "6"]),
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
 CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"),
-         ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"), ("tp2", "tp2")]
+         ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"),
+         ("pp2-uneven-vpp2", "dp1-6-layers"), ("tp2", "tp2")]
 OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
 
 

@@ -35,9 +35,14 @@ def test_uneven_pipeline_split_reaches_megatron_core():
                "--num-layers-per-virtual-pipeline-stage", "2"], 4,
               [[1, 2], [2, 2], [2, 2], [2, 1]]),
              (["--pipeline-model-parallel-size", "3", "--num-layers", "7",
-               "--decoder-first-pipeline-num-layers", "1"], 3, [[1], [3], [3]])]
+               "--decoder-first-pipeline-num-layers", "1"], 3, [[1], [3], [3]]),
+             # Uneven first/last stages with interleaving: chunks per rank, not layers.
+             (["--pipeline-model-parallel-size", "3", "--num-layers", "10",
+               "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers",
+               "4", "--num-virtual-stages-per-pipeline-rank", "2"], 3,
+              [[1, 1], [2, 2], [2, 2]])]
     for argv, world, expected in cases:
-        cfg = parse_args([*argv, "--global-batch-size", "16", "--micro-batch-size", "1"],
+        cfg = parse_args([*argv, "--global-batch-size", "24", "--micro-batch-size", "1"],
                          world_size=world)
         config = transformer_config(cfg, get_platform())
         vpp = len(expected[0])
@@ -77,7 +82,20 @@ def test_uneven_pipeline_split_reaches_megatron_core():
     ([*VPP, "--num-layers", "4", "--decoder-first-pipeline-num-layers", "1"], 2,
      "cannot be combined with --decoder-first/last-pipeline-num-layers"),
     ([*VPP, "--num-layers", "6", "--account-for-embedding-in-pipeline-split",
-      "--account-for-loss-in-pipeline-split"], 2, "leaves a model chunk without a transformer"),
+      "--account-for-loss-in-pipeline-split"], 2, "leave a chunk without a transformer layer"),
+    ([*VPP, "--num-layers", "4", "--num-virtual-stages-per-pipeline-rank", "2"], 2,
+     "both set the interleaved schedule; give one"),
+    (["--num-virtual-stages-per-pipeline-rank", "2"], 1,
+     "--num-virtual-stages-per-pipeline-rank needs --pipeline-model-parallel-size > 1"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "4",
+      "--num-virtual-stages-per-pipeline-rank", "1"], 2, "at least 2 model chunks"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "5",
+      "--decoder-first-pipeline-num-layers", "2", "--num-virtual-stages-per-pipeline-rank", "2"],
+     2, "2 model chunks per pipeline rank must divide the layers of every stage (2, 3)"),
+    (["--pipeline-model-parallel-size", "2", "--num-layers", "6",
+      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+      "--num-virtual-stages-per-pipeline-rank", "4"], 2,
+     "4 model chunks per pipeline rank leave a chunk without a transformer layer"),
     (["--pipeline-model-parallel-size", "2", "--num-layers", "5",
       "--decoder-first-pipeline-num-layers", "1", "--recompute-granularity", "full",
       "--recompute-method", "block", "--recompute-num-layers", "2"], 2,
