@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import GPUS, get_gpu  # noqa: E402
-from megatron_lgs.lgs.kernels import flash_attention_time, gemm_time, memory_time  # noqa: E402
+from megatron_lgs.lgs.kernels import gemm_time, memory_time  # noqa: E402
 from megatron_lgs.lgs.runspec import Run  # noqa: E402
+from megatron_lgs.lgs.stepmodel import flash_attention  # noqa: E402
 
 DEFAULT_ROWS = ("megatron-h100-1.7B", "megatron-h100-177B", "megatron-moe-mixtral-8x7b")
 # torch.cuda.get_device_name() substrings -> the profile the kernels are compared with.
@@ -67,7 +68,7 @@ def layer_kernels(r: Run, profile: str) -> list[Kernel]:
         for part, shape in (("fwd", (m, n, k)), ("dgrad", (m, k, n)), ("wgrad", (k, n, m))):
             out.append(Kernel(f"{name} {part}", "gemm", shape, gemm_time(*shape, gpu, p)))
     heads, d = r.heads // t, h // r.heads
-    fwd, bwd = flash_attention_time(4 * tok * r.seq_length * h / t * 0.5, gpu)
+    fwd, bwd = flash_attention(r, gpu)
     shape = (r.micro_batch, heads, r.seq_length, d)
     out.append(Kernel("attention fwd", "attention_fwd", shape, fwd))
     out.append(Kernel("attention bwd", "attention_bwd", shape, bwd))

@@ -11,17 +11,21 @@ from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, GpuProfile
 GB = 1e9
 
 
+def tile_factor(*dims: float) -> float:
+    """Each dimension d costs a factor d / (d + GEMM_HALF_DIM): under-filled tiles and waves
+    at small d (a dimension of one 128-wide tile runs at half speed)."""
+    f = 1.0
+    for d in dims:
+        f *= d / (d + GEMM_HALF_DIM)
+    return f
+
+
 def gemm_efficiency(m: float, n: float, k: float, gpu: GpuProfile,
                     precision: str = "bf16") -> float:
-    """Fraction of the precision's peak a GEMM of (m x k) @ (k x n) reaches when compute-bound.
-
-    Each dimension d costs a factor d / (d + GEMM_HALF_DIM) (under-filled tiles and waves at
-    small d), times the profile's sustained ceiling measured on large GEMMs.
-    """
-    f = 1.0
-    for d in (m, n, k):
-        f *= d / (d + GEMM_HALF_DIM)
-    return gpu.gemm_ceiling(precision) * f
+    """Fraction of the precision's peak a GEMM of (m x k) @ (k x n) reaches when compute-bound:
+    the tile factor of its three dimensions times the profile's sustained ceiling measured on
+    large GEMMs."""
+    return gpu.gemm_ceiling(precision) * tile_factor(m, n, k)
 
 
 def gemm_time(m: float, n: float, k: float, gpu: GpuProfile, precision: str,
@@ -49,13 +53,17 @@ def gemm_fwd_bwd(m: float, n: float, k: float, gpu: GpuProfile, precision: str
     return fwd, bwd
 
 
-def flash_attention_time(flops_fwd: float, gpu: GpuProfile) -> tuple[float, float]:
-    """(forward, backward) of a fused attention kernel given the forward's real FLOPs.
+def flash_attention_time(flops_fwd: float, gpu: GpuProfile, q_len: float, kv_len: float
+                         ) -> tuple[float, float]:
+    """(forward, backward) of fused attention kernels given the forward's real FLOPs, over
+    blocks of q_len queries against kv_len keys.
 
+    The profile's efficiency is what the kernel reaches on long sequences ([FA2], [FA3] report
+    their best); shorter blocks lose the tile factor of both sequence dimensions, as GEMMs do.
     The backward recomputes QK^T and P inside the kernel: 5 score-sized GEMMs against the
     forward's 2, i.e. 2.5x the forward's FLOPs ([FA2]).
     """
-    rate = gpu.peak_tflops * 1e12 * gpu.attention_efficiency
+    rate = gpu.peak_tflops * 1e12 * gpu.attention_efficiency * tile_factor(q_len, kv_len)
     return flops_fwd / rate, 2.5 * flops_fwd / rate
 
 

@@ -43,7 +43,7 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (NVIDIA's, "
                  "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
-                 "25%; rank layouts by it, do not take its MFU as a promise")
+                 "24%; rank layouts by it, do not take its MFU as a promise")
 ROW_GRID_MB = [16, 64, 256]
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.

@@ -225,6 +225,23 @@ def _host_bound(r: Run, c: Cost) -> None:
         times["host_overhead"] = max(0.0, host - sum(times.values()))
 
 
+def flash_attention(r: Run, gpu: GpuProfile) -> tuple[float, float]:
+    """(forward, backward) of one layer's causal fused attention, one micro-batch, one GPU.
+
+    The kernel skips the masked half of the score matrix. Without CP it runs one s x s block
+    per sequence; under CP, Transformer Engine's load-balanced ring runs per sequence one causal
+    block of the rank's own s/cp tokens (1/cp of its FLOPs) and cp - 1 blocks of s/cp x
+    s/(2 cp), each at its own tile factor: smaller blocks, lower efficiency.
+    """
+    flops = 4 * r.micro_batch * r.seq_length / r.cp * r.seq_length * r.hidden / r.tp * 0.5
+    n = r.seq_length / r.cp
+    fwd, bwd = flash_attention_time(flops / r.cp, gpu, n, n)
+    if r.cp > 1:
+        ring_f, ring_b = flash_attention_time(flops * (r.cp - 1) / r.cp, gpu, n, n / 2)
+        fwd, bwd = fwd + ring_f, bwd + ring_b
+    return fwd, bwd
+
+
 def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     """One transformer layer, one micro-batch, one GPU."""
     c = Cost()
@@ -246,8 +263,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     # Attention scores: each rank's tok queries against the whole sequence's keys.
     heads_local, d = r.heads / t, h / r.heads
     if r.flash_attention:
-        # The kernel skips the masked half of the causal score matrix.
-        af, ab = flash_attention_time(4 * tok * r.seq_length * h / t * 0.5, gpu)
+        af, ab = flash_attention(r, gpu)
         score = 0.0
     else:
         seqs = tok / r.seq_length * heads_local

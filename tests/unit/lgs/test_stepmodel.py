@@ -19,6 +19,7 @@ from megatron_lgs.lgs.runspec import RunError, run_from_dict
 from megatron_lgs.lgs.stepmemory import layer_activation_bytes, states_bytes
 from megatron_lgs.lgs.stepmodel import (
     compute_phase,
+    flash_attention,
     layer_cost,
     predict_run,
     stage_costs,
@@ -75,9 +76,45 @@ def test_gemm_curve_against_published_h100_measurements() -> None:
         assert abs(model / sustained - 1) < 0.12, (m, n, k, model, sustained)
 
 
-def test_flash_attention_backward_is_2_5x_forward() -> None:
-    f, b = flash_attention_time(1e12, A100)
-    assert f == pytest.approx(1e12 / (312e12 * 0.60)) and b == pytest.approx(2.5 * f)
+def test_flash_attention_by_hand() -> None:
+    """The profile's rate times the tile factor of both sequence dimensions; the backward
+    2.5x the forward."""
+    f, b = flash_attention_time(1e12, A100, 2048, 1024)
+    tiles = 2048 / (2048 + GEMM_HALF_DIM) * 1024 / (1024 + GEMM_HALF_DIM)
+    assert f == pytest.approx(1e12 / (312e12 * 0.60 * tiles)) and b == pytest.approx(2.5 * f)
+    # One layer without CP: one causal s x s block per sequence, 4 s^2 h / tp FLOPs halved.
+    r = run(tp=2)
+    assert flash_attention(r, A100) == pytest.approx(
+        flash_attention_time(4 * 2048 * 2048 * 4096 / 2 * 0.5, A100, 2048, 2048))
+    # CP4: the rank's causal block (1/4 of its FLOPs) at 512 x 512, three ring blocks
+    # at 512 x 256.
+    r = run(tp=2, cp=4, num_gpus=64)
+    flops = 4 * 512 * 2048 * 4096 / 2 * 0.5
+    diag, ring = (flash_attention_time(flops / 4, A100, 512, 512),
+                  flash_attention_time(flops * 3 / 4, A100, 512, 256))
+    assert flash_attention(r, A100) == pytest.approx((diag[0] + ring[0], diag[1] + ring[1]))
+
+
+def test_attention_tile_factor_against_published_h100_measurements() -> None:
+    """Cross-check of the sequence-length curve (not a fit): pytorch/benchmark commit ff65cb6
+    (2024-07, "Fix dimension order for FlashAttention-3") measured FlashAttention-3 forward on
+    H100, head dim 128, B x S = 16k tokens, at these TFLOP/s. Relative to 16k tokens, the
+    model's tile factor stays within 7% of them from 512 up, within 2% from 2048 up."""
+    measured = {512: 430.32, 1024: 517.099, 2048: 565.544, 4096: 590.233, 8192: 614.234,
+                16384: 620.73}
+    h100 = get_gpu("h100-sxm")
+    rate = {s: 1.0 / flash_attention_time(1.0, h100, s, s)[0] for s in measured}
+    for s, tflops in measured.items():
+        model, published = rate[s] / rate[16384], tflops / measured[16384]
+        assert abs(model / published - 1) < (0.02 if s >= 2048 else 0.07), (s, model, published)
+
+
+def test_context_parallel_attention_is_never_faster_per_token() -> None:
+    """The same tokens per GPU as CP2 at micro-batch 2 and CP1 at micro-batch 1: the same
+    FLOPs, but CP's ring blocks are smaller, so its attention is slower (the planner used
+    to tie them)."""
+    cp1, cp2 = run(tp=2, micro_batch=1), run(tp=2, cp=2, micro_batch=2, num_gpus=64)
+    assert flash_attention(cp2, A100)[0] > flash_attention(cp1, A100)[0]
 
 
 def test_megatron_flops_by_hand() -> None:
