@@ -61,13 +61,13 @@ def layer_kernels(r: Run, profile: str) -> list[Kernel]:
         f = r.expert_ffn // r.etp
     else:
         mlp_tok, f = tok, r.ffn_hidden // t
-    linears = (("qkv", tok, (h + 2 * r.kv_dim) // t, h), ("proj", tok, h, h // t),
+    linears = (("qkv", tok, (r.q_dim + 2 * r.kv_dim) // t, h), ("proj", tok, h, r.q_dim // t),
                ("fc1", mlp_tok, f * mats, h), ("fc2", mlp_tok, h, f))
     out = []
     for name, m, n, k in linears:
         for part, shape in (("fwd", (m, n, k)), ("dgrad", (m, k, n)), ("wgrad", (k, n, m))):
             out.append(Kernel(f"{name} {part}", "gemm", shape, gemm_time(*shape, gpu, p)))
-    heads, d = r.heads // t, h // r.heads
+    heads, d = r.heads // t, r.head_dim
     fwd, bwd = flash_attention(r, gpu)
     shape = (r.micro_batch, heads, r.seq_length, d)
     out.append(Kernel("attention fwd", "attention_fwd", shape, fwd))

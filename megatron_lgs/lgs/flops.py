@@ -17,14 +17,14 @@ from megatron_lgs.lgs.runspec import Run
 
 def layer_flops_per_token(r: Run) -> tuple[float, float]:
     """(GEMM FLOPs, attention-score FLOPs) of one transformer layer per token, fwd + bwd."""
-    h = r.hidden
-    attn_proj = 2 * h * h + 2 * h * r.kv_dim  # Q and out; K and V
+    h, q = r.hidden, r.q_dim
+    attn_proj = 2 * h * q + 2 * h * r.kv_dim  # Q and out; K and V
     mats = 3 if r.swiglu else 2
     if r.num_experts:
         mlp = mats * h * r.expert_ffn * r.moe_topk
     else:
         mlp = mats * h * r.ffn_hidden
-    return 6.0 * (attn_proj + mlp), 12.0 * r.seq_length * h
+    return 6.0 * (attn_proj + mlp), 12.0 * r.seq_length * q
 
 
 def logits_flops_per_token(r: Run) -> float:

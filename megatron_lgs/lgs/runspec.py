@@ -3,29 +3,30 @@
 `run_from_dict` reads the JSON form `python -m megatron_lgs.lgs.simulate predict` takes and
 raises `RunError(field, reason)` for a missing or inconsistent field. Defaults of the nullable
 fields (null or absent): gpus_per_node 8, nic_gbit_per_gpu the profile's usual fabric,
-ffn_hidden 4 x hidden, kv_heads = heads, cp 1, dp derived, ep 1, vpp 1, recompute none,
-precision bf16 (fp16 on V100), swiglu false, num_experts 0 (dense), moe_topk 2,
-distributed_optimizer false, sequence_parallel true when tp > 1 (megatron-core needs it for MoE
-with TP and Megatron-LM's examples set it), and the extensions: zero (0, or 1 with the
-distributed optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params), etp
-(expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
-false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
-overlap_param_gather (= overlap_grad_reduce), untie_embeddings (true), grad_buffer (true:
-megatron-core's FP32 main-grad buffer with fused weight-gradient accumulation; false: Megatron-LM
-of 2021, FP16 gradients in param.grad, see `gradbuffer`), overlap_p2p_comm (true:
-Megatron-Core's --overlap-p2p-communication, which applies to interleaved schedules only),
-p2p_scatter_gather (false; true: Megatron-LM of 2021's default scatter-gather of pipeline
-sends over the TP group), tp_async_backward (true: Transformer Engine runs the column-parallel
-backward's collectives beside the gradient GEMMs; false: Megatron-LM of 2021's blocking
-all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and reduced in
-FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config left at
-BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
-fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current
-scaling, NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline
-splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even
-share) and account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-(false), with Megatron-LM's flag names, and recompute_num_layers (null: full recompute of every
-layer; N: Megatron's block method, the first N layers of each model chunk).
+ffn_hidden 4 x hidden, kv_heads = heads, head_dim hidden / heads (the width of one attention
+head, Megatron's --kv-channels; Qwen3's 128 beside a hidden of 2048 and 32 heads), cp 1, dp
+derived, ep 1, vpp 1, recompute none, precision bf16 (fp16 on V100), swiglu false, num_experts 0
+(dense), moe_topk 2, distributed_optimizer false, sequence_parallel true when tp > 1
+(megatron-core needs it for MoE with TP and Megatron-LM's examples set it), and the extensions:
+zero (0, or 1 with the distributed optimizer; 2/3 are Megatron-FSDP optim_grads /
+optim_grads_params), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden),
+flash_attention (true, false on V100), tp_comm_overlap (false, Megatron-LM's default),
+overlap_grad_reduce (true), overlap_param_gather (= overlap_grad_reduce), untie_embeddings
+(true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused weight-gradient
+accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see `gradbuffer`),
+overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which applies to
+interleaved schedules only), p2p_scatter_gather (false; true: Megatron-LM of 2021's default
+scatter-gather of pipeline sends over the TP group), tp_async_backward (true: Transformer Engine
+runs the column-parallel backward's collectives beside the gradient GEMMs; false: Megatron-LM of
+2021's blocking all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and
+reduced in FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config
+left at BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
+fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current scaling,
+NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline splits:
+decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
+account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
+Megatron-LM's flag names, and recompute_num_layers (null: full recompute of every layer; N:
+Megatron's block method, the first N layers of each model chunk).
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ class Run:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     recompute_num_layers: int = 0
+    head_dim: int = 0  # 0: hidden / heads
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     def recomputed_layers(self, stage: int) -> int:
         """Layers of `stage` whose forward runs again in the backward under full recompute:
@@ -119,8 +125,12 @@ class Run:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
     def kv_dim(self) -> int:
-        return self.hidden * self.kv_heads // self.heads
+        return self.kv_heads * self.head_dim
 
     @property
     def expert_ffn(self) -> int:
@@ -170,6 +180,9 @@ def run_from_dict(d: dict[str, Any]) -> Run:
         raise RunError("gpu", f"unknown gpu {vals['gpu']!r}; known: {sorted(GPUS)}")
     vals.setdefault("ffn_hidden", 4 * vals["hidden"])
     vals.setdefault("kv_heads", vals["heads"])
+    if "head_dim" not in vals:
+        _divides("hidden", f"hidden {vals['hidden']} not divisible by heads {vals['heads']} "
+                 "(give head_dim)", vals["heads"], vals["hidden"])
     vals.setdefault("etp", vals["tp"])
     vals.setdefault("sequence_parallel", vals["tp"] > 1)
     vals.setdefault("flash_attention", vals["gpu"] != "v100-32gb")
@@ -199,7 +212,7 @@ def model_fields(m: ModelConfig) -> dict[str, Any]:
                 heads=m.num_heads, kv_heads=m.num_query_groups or m.num_heads, vocab=m.vocab,
                 seq_length=m.seq_length, swiglu=m.swiglu, num_experts=m.num_experts,
                 moe_topk=m.moe_topk, moe_ffn_hidden=m.moe_ffn_hidden or 0,
-                untie_embeddings=m.untie_embeddings)
+                untie_embeddings=m.untie_embeddings, head_dim=m.head_dim)
 
 
 def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
@@ -228,7 +241,6 @@ def check_run(r: Run) -> None:
         raise RunError("precision", f"{r.gpu} has no BF16; use fp16")
     if r.zero > 3:
         raise RunError("zero", f"must be 0..3, got {r.zero}")
-    _divides("hidden", f"hidden {r.hidden} not divisible by heads {r.heads}", r.heads, r.hidden)
     _divides("heads", f"heads {r.heads} not divisible by tp {r.tp}", r.tp, r.heads)
     _divides("kv_heads", f"heads {r.heads} not divisible by kv_heads {r.kv_heads}", r.kv_heads,
              r.heads)

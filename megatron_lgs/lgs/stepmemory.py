@@ -67,7 +67,7 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     # input, FP8 when the GEMM runs in FP8 (Transformer Engine keeps the quantized input for
     # the weight gradient: `linear.py`, `layernorm_linear.py`, `layernorm_mlp.py` of v2.7).
     x = 1 if r.precision == "fp8" else 2
-    attn = (2 * h + x * h + h) / sp + (2 * h + 4 * kv + x * h) / t
+    attn = (2 * h + x * h + h) / sp + (2 * r.q_dim + 4 * kv + x * r.q_dim) / t
     # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
     scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
     mats = 2 if r.swiglu else 1

@@ -207,8 +207,8 @@ def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
         f = r.ffn_hidden / t
         mlp_in, mlp_grads = tok * f, tok * f * mats + tok / sp * h
         norm_in = 2 * tok / sp * h
-    fwd = fused * norm_in + q * (tok * h / t + mlp_in)
-    bwd = q * (tok * (h + 2 * r.kv_dim) / t + tok / sp * h + mlp_grads)
+    fwd = fused * norm_in + q * (tok * r.q_dim / t + mlp_in)
+    bwd = q * (tok * (r.q_dim + 2 * r.kv_dim) / t + tok / sp * h + mlp_grads)
     return fwd, bwd
 
 
@@ -233,7 +233,7 @@ def flash_attention(r: Run, gpu: GpuProfile) -> tuple[float, float]:
     block of the rank's own s/cp tokens (1/cp of its FLOPs) and cp - 1 blocks of s/cp x
     s/(2 cp), each at its own tile factor: smaller blocks, lower efficiency.
     """
-    flops = 4 * r.micro_batch * r.seq_length / r.cp * r.seq_length * r.hidden / r.tp * 0.5
+    flops = 4 * r.micro_batch * r.seq_length / r.cp * r.seq_length * r.q_dim / r.tp * 0.5
     n = r.seq_length / r.cp
     fwd, bwd = flash_attention_time(flops / r.cp, gpu, n, n)
     if r.cp > 1:
@@ -247,8 +247,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c = Cost()
     t, h, p = r.tp, r.hidden, r.precision
     tok = r.micro_batch * r.seq_length / r.cp
-    qkv = tp_gemm_parts(r, tok, (h + 2 * r.kv_dim) / t, h, gpu, column=True)
-    proj = tp_gemm_parts(r, tok, h, h / t, gpu, column=False)
+    qkv = tp_gemm_parts(r, tok, (r.q_dim + 2 * r.kv_dim) / t, h, gpu, column=True)
+    proj = tp_gemm_parts(r, tok, h, r.q_dim / t, gpu, column=False)
     gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
     column, row = [qkv], [proj]
     if r.num_experts:
@@ -261,7 +261,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
         row.append(f2)
     c.fwd["gemm"], c.bwd["gemm"] = gf + mf, gb + mb
     # Attention scores: each rank's tok queries against the whole sequence's keys.
-    heads_local, d = r.heads / t, h / r.heads
+    heads_local, d = r.heads / t, r.head_dim
     if r.flash_attention:
         af, ab = flash_attention(r, gpu)
         score = 0.0
@@ -353,7 +353,7 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
                         num_query_groups=r.kv_heads, swiglu=r.swiglu,
                         num_experts=r.num_experts, moe_topk=r.moe_topk,
                         moe_ffn_hidden=r.moe_ffn_hidden or None,
-                        untie_embeddings=r.untie_embeddings)
+                        untie_embeddings=r.untie_embeddings, kv_channels=r.head_dim)
     lay = Layout(tp=r.tp, pp=r.pp, dp=r.dp * r.cp, ep=r.ep, etp=r.etp,
                  gpus_per_node=min(r.gpus_per_node, r.num_gpus),
                  micro_batch_size=r.micro_batch, num_micro_batches=r.num_micro_batches,
@@ -399,7 +399,7 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
     """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
     h, t = r.hidden, r.tp
     mats = 3 if r.swiglu else 2
-    attn = h * (h + 2 * r.kv_dim) // t + h * h // t + 2 * h
+    attn = h * (r.q_dim + 2 * r.kv_dim) // t + r.q_dim * h // t + 2 * h
     if r.num_experts:
         dense = attn - h + h * r.num_experts  # workload's MoE layer carries one norm
         expert = r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp

@@ -29,21 +29,29 @@ class ModelConfig:
     moe_topk: int = 2
     moe_ffn_hidden: int | None = None
     untie_embeddings: bool = True
+    kv_channels: int | None = None  # width of one attention head; None: hidden / num_heads
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden", "ffn_hidden", "num_heads", "vocab", "seq_length"):
             if getattr(self, f) < 1:
                 raise ValueError(f"ModelConfig.{f} must be >= 1, got {getattr(self, f)}")
-        if self.hidden % self.num_heads:
+        if self.kv_channels is None and self.hidden % self.num_heads:
             raise ValueError(f"hidden {self.hidden} not divisible by heads {self.num_heads}")
         bad_topk = self.num_experts and not 1 <= self.moe_topk <= self.num_experts
         if self.num_experts < 0 or bad_topk:
             raise ValueError("need num_experts >= 0 and 1 <= moe_topk <= num_experts")
 
     @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
     def kv_dim(self) -> int:
-        groups = self.num_query_groups or self.num_heads
-        return self.hidden * groups // self.num_heads
+        return (self.num_query_groups or self.num_heads) * self.head_dim
 
     @property
     def expert_ffn(self) -> int:
@@ -141,11 +149,12 @@ def _layer_backward(model: ModelConfig, lay: Layout, i: int) -> list[BackwardOp]
         ops.append(BackwardOp(f"{p}fc1", 2 * 2 * tok * h * ffn * fc1_width / t,
                               (GradTensor(f"{p}fc1", h * ffn * fc1_width // t, DENSE),
                                GradTensor(f"{p}ln2", h, DENSE))))
-    ops.append(BackwardOp(f"{p}proj", 2 * 2 * tok * h * h / t,
-                          (GradTensor(f"{p}proj", h * h // t, DENSE),)))
+    q = model.q_dim
+    ops.append(BackwardOp(f"{p}proj", 2 * 2 * tok * h * q / t,
+                          (GradTensor(f"{p}proj", h * q // t, DENSE),)))
     # QK^T and AV, counted over the full (not causal-halved) score matrix, as Megatron does.
-    ops.append(BackwardOp(f"{p}core_attn", 2 * 4 * tok * model.seq_length * h / t, ()))
-    qkv = h * (h + 2 * model.kv_dim)
+    ops.append(BackwardOp(f"{p}core_attn", 2 * 4 * tok * model.seq_length * q / t, ()))
+    qkv = h * (q + 2 * model.kv_dim)
     ops.append(BackwardOp(f"{p}qkv", 2 * 2 * tok * qkv / t,
                           (GradTensor(f"{p}qkv", qkv // t, DENSE),
                            GradTensor(f"{p}ln1", h, DENSE))))

@@ -7,7 +7,11 @@ from dataclasses import replace
 import pytest
 
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
-from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step
+from megatron_lgs.lgs.flops import (
+    flops_with_full_recompute,
+    layer_flops_per_token,
+    model_flops_per_step,
+)
 from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
@@ -301,6 +305,32 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     for k, (d, e) in enumerate(stage_params(moe)):
         n = stage_numel(stage_backward(w.model, w.layout, k))
         assert (d, e) == (n["dense"], n["expert"])
+
+
+def test_head_dim_by_hand() -> None:
+    """A head wider than hidden / heads (Qwen3: 32 heads of 128 on a hidden of 2048) widens Q,
+    the projection and the scores; K and V follow the KV heads. Left out, it is hidden / heads
+    and changes nothing."""
+    h, q, kv = 2048, 32 * 128, 4 * 128
+    r = run(hidden=h, heads=32, kv_heads=4, head_dim=128, tp=2, pp=1, num_experts=16, ep=4,
+            swiglu=True, moe_ffn_hidden=768, moe_topk=8)
+    assert (r.q_dim, r.kv_dim) == (q, kv)
+    gemm, scores = layer_flops_per_token(r)
+    assert gemm == pytest.approx(6 * (2 * h * q + 2 * h * kv + 3 * h * 768 * 8))
+    assert scores == pytest.approx(12 * 2048 * q)
+    tok = 2048
+    qkv, proj = (tp_gemm_parts(r, tok, (q + 2 * kv) / 2, h, A100, column=True),
+                 tp_gemm_parts(r, tok, h, q / 2, A100, column=False))
+    gemm_fwd = layer_cost(r, A100, link_profile(A100)).fwd["gemm"]
+    assert gemm_fwd > qkv[0] + proj[0]  # and the experts' GEMMs
+    # The parameters the step model counts are the gradients the LGS replay syncs.
+    w = sync_workload(r, link_profile(A100))
+    assert w.model.q_dim == q
+    (d, e), = stage_params(r)
+    n = stage_numel(stage_backward(w.model, w.layout, 0))
+    assert (d, e) == (n["dense"], n["expert"])
+    plain = run()
+    assert predict_run(replace(plain, head_dim=4096 // 32)) == predict_run(plain)
 
 
 def test_more_gpus_never_raise_per_gpu_throughput() -> None:
