@@ -6,12 +6,19 @@ from __future__ import annotations
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from megatron_lgs.arguments import build_parser, config_from_namespace
-from megatron_lgs.lgs.plan_run import HOPPER_CAVEAT, best_flags, resolve
+from megatron_lgs.lgs.plan_run import (
+    FINE_MOE_CAVEAT,
+    HOPPER_CAVEAT,
+    best_flags,
+    caveats,
+    resolve,
+)
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.planner import best_of, candidates, fits, with_thresholds
 from megatron_lgs.lgs.predict import predict_file
@@ -162,6 +169,16 @@ def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture
         plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware", gpu,
                    "--top", "1"])
         assert (HOPPER_CAVEAT in capsys.readouterr().out) == said, gpu
+
+
+def test_planner_says_its_fine_grained_moe_figures_are_not_predictions() -> None:
+    # gpt-100b-moe.sh: 64 experts of 2560 on a hidden of 4096; gpt-10b.sh is dense.
+    for model, said in (("launch/configs/gpt-100b-moe.sh", True),
+                        ("launch/configs/gpt-10b.sh", False)):
+        base, _ = resolve(model, "a100-80gb", 128, None, None)
+        assert (FINE_MOE_CAVEAT in caveats("a100-80gb", base)) == said, model
+    coarse, _ = resolve("launch/configs/gpt-100b-moe.sh", "a100-80gb", 128, None, None)
+    assert FINE_MOE_CAVEAT not in caveats("a100-80gb", replace(coarse, moe_ffn_hidden=14336))
 
 
 def test_planner_never_proposes_what_does_not_fit() -> None:
