@@ -66,13 +66,13 @@ LAYOUT_FLAGS = frozenset((
     "--account-for-loss-in-pipeline-split"))
 
 
-
 def caveats(hardware: str, base: Run) -> list[str]:
     """Where the published runs say this model's figures are not predictions."""
     out = [HOPPER_CAVEAT] if hardware in HOPPER else []
     if base.num_experts and base.expert_ffn < base.hidden:
         out.append(FINE_MOE_CAVEAT)
     return out
+
 
 def _preset(name: str) -> tuple[dict, dict]:
     from megatron_lgs.lgs.simulate import PRESETS
