@@ -183,7 +183,10 @@ class Trainer:
     def _log_setup(self) -> None:
         c = self.cfg
         n = sum(num_parameters(chunk) for chunk in self.model)
-        layers = num_transformer_layers(self.model)
+        layers = str(num_transformer_layers(self.model))
+        if len(self.model) > 1:  # the interleaved schedule's model chunks
+            per_chunk = " + ".join(str(num_transformer_layers([chunk])) for chunk in self.model)
+            layers += f" ({per_chunk} in {len(self.model)} model chunks)"
         print_rank_last(
             f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
             f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"

@@ -85,7 +85,7 @@ def test_uneven_interleaved_pipeline_matches_one_process(data_cache):
     run = run_pretrain([*six, *PP2, "--decoder-first-pipeline-num-layers", "2",
                         "--num-virtual-stages-per-pipeline-rank", "2"], nproc=2)
     _check("PP2 first 2 + 2 chunks per rank", reference, run.logged_losses())
-    assert "transformer layers on this rank: 4;" in run.stdout
+    assert "transformer layers on this rank: 4 (2 + 2 in 2 model chunks);" in run.stdout
 
 
 @pytest.mark.parametrize("name", MOE_LAYOUTS)
