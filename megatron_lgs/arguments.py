@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--num-attention-heads", m.num_attention_heads)
     _add(g, "--group-query-attention", m.group_query_attention)
     _add(g, "--num-query-groups", m.num_query_groups, type=int)
+    _add(g, "--kv-channels", m.kv_channels, type=int,
+         help="width of one attention head (default: hidden size / heads)")
     _add(g, "--seq-length", m.seq_length)
     _add(g, "--max-position-embeddings", m.max_position_embeddings, type=int)
     _add(g, "--position-embedding-type", m.position_embedding_type,

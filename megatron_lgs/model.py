@@ -65,6 +65,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         ffn_hidden_size=m.ffn_size,
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups if m.group_query_attention else None,
+        kv_channels=m.kv_channels,
         init_method_std=m.init_method_std,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
@@ -210,10 +211,9 @@ def flops_per_token(cfg: Config, vocab_size: int) -> float:
     dense GPT: 6 x parameters in matmuls plus attention's sequence-length term."""
     m = cfg.model
     h, layers, s = m.hidden_size, m.num_layers, m.seq_length
-    heads = m.num_attention_heads
-    groups = m.num_query_groups if m.group_query_attention and m.num_query_groups else heads
+    q = m.num_attention_heads * m.head_dim
     ffn_mult = 3 if m.swiglu else 2
-    attention_proj = 2 * h * h + 2 * h * h * groups / heads  # q, out; k, v with GQA
+    attention_proj = 2 * h * q + 2 * h * m.query_groups * m.head_dim  # q, out; k, v (GQA)
     per_layer = attention_proj + ffn_mult * h * m.ffn_size
-    attention_scores = 2 * s * h  # QK^T and AV, per token, per layer
+    attention_scores = 2 * s * q  # QK^T and AV, per token, per layer
     return 6.0 * (layers * (per_layer + attention_scores) + h * vocab_size)

@@ -24,6 +24,7 @@ class ModelConfig:
     num_attention_heads: int = 4
     group_query_attention: bool = False
     num_query_groups: int | None = None
+    kv_channels: int | None = None  # one attention head's width; hidden / heads when unset
     seq_length: int = 128
     max_position_embeddings: int | None = None  # seq_length when unset
     position_embedding_type: str = "learned_absolute"
@@ -55,6 +56,17 @@ class ModelConfig:
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """K/V heads: the query groups with grouped-query attention, else every head."""
+        if self.group_query_attention and self.num_query_groups:
+            return self.num_query_groups
+        return self.num_attention_heads
 
 
 @dataclass(frozen=True)

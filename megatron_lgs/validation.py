@@ -46,9 +46,12 @@ def validate(cfg: Config) -> None:
     if m.num_attention_heads % tp:
         raise ConfigError(f"--num-attention-heads ({m.num_attention_heads}) must be divisible by "
                           f"--tensor-model-parallel-size ({tp})")
-    if m.hidden_size % m.num_attention_heads:
+    if m.kv_channels is not None and m.kv_channels < 1:
+        raise ConfigError(f"--kv-channels must be at least 1, got {m.kv_channels}")
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"--hidden-size ({m.hidden_size}) must be divisible by "
-                          f"--num-attention-heads ({m.num_attention_heads})")
+                          f"--num-attention-heads ({m.num_attention_heads}), or give the "
+                          "head width with --kv-channels")
     if m.group_query_attention:
         groups = m.num_query_groups or 0
         if groups < 1 or m.num_attention_heads % groups or groups % tp:

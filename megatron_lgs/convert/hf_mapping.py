@@ -44,10 +44,11 @@ class Shape:
     vocab: int  # the tokenizer's vocabulary (no padding)
     tied: bool
     bias: bool
+    kv_channels: int | None = None  # one head's width; hidden / heads when None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.kv_channels or self.hidden // self.heads
 
 
 def shape_of(m: ModelConfig, vocab: int) -> Shape:
@@ -55,7 +56,8 @@ def shape_of(m: ModelConfig, vocab: int) -> Shape:
         else m.num_attention_heads
     ffn = (m.moe_ffn_hidden_size or m.ffn_size) if m.num_experts else m.ffn_size
     return Shape(m.num_layers, m.hidden_size, m.num_attention_heads, groups, ffn, m.num_experts,
-                 vocab, not m.untie_embeddings_and_output_weights, m.add_bias_linear)
+                 vocab, not m.untie_embeddings_and_output_weights, m.add_bias_linear,
+                 m.kv_channels)
 
 
 def family(m: ModelConfig) -> str:
@@ -78,6 +80,9 @@ def family(m: ModelConfig) -> str:
     if rope and rms and swiglu:
         return "llama"
     if not rope and not rms and not swiglu and m.add_bias_linear and not gqa:
+        if m.head_dim * m.num_attention_heads != m.hidden_size:
+            raise ConvertError(f"cannot export: GPT-2's heads are hidden / heads wide; this "
+                               f"model's are {m.head_dim} (--kv-channels)")
         return "gpt2"
     raise ConvertError(f"cannot export: no transformers architecture computes {_describe(m)}; "
                        f"mapped are {MAPPED}")
@@ -231,8 +236,6 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     _require(abs(c.rms_norm_eps - NORM_EPS) < 1e-12, kind,
              f"rms_norm_eps {c.rms_norm_eps} (megatron-core's is {NORM_EPS})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    _require(head_dim * c.num_attention_heads == c.hidden_size, kind,
-             f"head_dim {head_dim} x {c.num_attention_heads} heads != hidden {c.hidden_size}")
     bias = bool(getattr(c, "attention_bias", False))
     _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
              "attention_bias != mlp_bias (the trainer's biases are all or none)")
@@ -246,6 +249,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         num_attention_heads=c.num_attention_heads,
         group_query_attention=groups != c.num_attention_heads,
         num_query_groups=groups if groups != c.num_attention_heads else None,
+        kv_channels=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         seq_length=c.max_position_embeddings,
         position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,

@@ -97,9 +97,7 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
-                 heads=m.num_attention_heads,
-                 kv_heads=(m.num_query_groups if m.group_query_attention and m.num_query_groups
-                           else m.num_attention_heads),
+                 heads=m.num_attention_heads, kv_heads=m.query_groups, head_dim=m.head_dim,
                  vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
                  swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
                  moe_ffn_hidden=m.moe_ffn_hidden_size or 0,

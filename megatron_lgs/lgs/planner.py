@@ -162,6 +162,8 @@ def model_flags(r: Run) -> list[str]:
          f"--vocab-size {r.vocab}", f"--{r.precision}"]
     if r.kv_heads != r.heads:
         f += ["--group-query-attention", f"--num-query-groups {r.kv_heads}"]
+    if r.head_dim * r.heads != r.hidden:
+        f.append(f"--kv-channels {r.head_dim}")
     if r.swiglu:
         f.append("--swiglu")
     if r.untie_embeddings:

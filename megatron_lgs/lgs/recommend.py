@@ -70,7 +70,7 @@ def workload_for(
     vocab_size: int, seq_length: int, num_experts: int | None, moe_router_topk: int,
     tp: int, pp: int, dp: int, ep: int, gpus_per_node: int, micro_batch_size: int,
     num_micro_batches: int, profile: str | HardwareProfile | None = None,
-    num_query_groups: int | None = None,
+    num_query_groups: int | None = None, kv_channels: int | None = None,
     swiglu: bool = False, moe_ffn_hidden_size: int | None = None, untie_embeddings: bool = True,
     etp: int | None = None, distributed_optimizer: bool = False, efficiency: float | None = None,
     weighting: str = "params",
@@ -84,7 +84,8 @@ def workload_for(
     model = ModelConfig(
         num_layers=num_layers, hidden=hidden_size, ffn_hidden=ffn_hidden_size,
         num_heads=num_attention_heads, vocab=vocab_size, seq_length=seq_length,
-        num_query_groups=num_query_groups, swiglu=swiglu, num_experts=num_experts or 0,
+        num_query_groups=num_query_groups, kv_channels=kv_channels, swiglu=swiglu,
+        num_experts=num_experts or 0,
         moe_topk=moe_router_topk if num_experts else ModelConfig.moe_topk,
         moe_ffn_hidden=moe_ffn_hidden_size, untie_embeddings=untie_embeddings)
     layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp or tp, gpus_per_node=gpus_per_node,
@@ -121,7 +122,7 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
         gpus_per_node=gpus_per_node, micro_batch_size=t.micro_batch_size,
         num_micro_batches=t.global_batch_size // (t.micro_batch_size * dp), profile=profile,
         num_query_groups=m.num_query_groups if m.group_query_attention else None,
-        swiglu=m.swiglu, moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+        kv_channels=m.kv_channels, swiglu=m.swiglu, moe_ffn_hidden_size=m.moe_ffn_hidden_size,
         untie_embeddings=m.untie_embeddings_and_output_weights,
         distributed_optimizer=cfg.optim.use_distributed_optimizer, efficiency=efficiency,
         weighting=cfg.lgs.lgs_layer_weighting)

@@ -39,7 +39,9 @@ SPREAD = ["--init-method-std", "0.2"]
 ARCHS = {
     "gpt2": [],  # learned positions + LayerNorm + GELU + biases, tied
     "llama": [*ROPE, "--disable-bias-linear", "--untie-embeddings-and-output-weights"],
-    "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", *SPREAD],
+    # Heads of 32 on a hidden size of 64 with 4 heads (--kv-channels; transformers' head_dim).
+    "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "32",
+            *SPREAD],
     "moe": [*ROPE, "--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "64",
             "--group-query-attention", "--num-query-groups", "2", *SPREAD],
 }
@@ -127,6 +129,8 @@ def test_logit_parity(name, sources, exported):
     expected = {"gpt2": "GPT2LMHeadModel", "moe": "MixtralForCausalLM"}.get(
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
+    if name != "gpt2":  # GPT-2's config has no head_dim
+        assert hf.config.head_dim == (32 if name.startswith("gqa") else 64 // 4)
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
     run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
     assert tokenizer(PROMPTS[2]).input_ids == run_tokenizer.encode(PROMPTS[2]).ids

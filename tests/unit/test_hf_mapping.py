@@ -42,6 +42,7 @@ def test_mapped(model, family):
     (replace(MIXTRAL, moe_router_load_balancing_type="sinkhorn"), "sigmoid"),
     (replace(MIXTRAL, add_bias_linear=True), "Mixtral"),
     (replace(MIXTRAL, normalization="LayerNorm"), "Mixtral"),
+    (replace(GPT2, kv_channels=64), "GPT-2's heads are hidden / heads wide"),
 ])
 def test_refused_in_one_line(model, reason):
     with pytest.raises(ConvertError, match=reason) as info:
@@ -75,11 +76,29 @@ def test_import_refuses(config, reason):
 
 
 @pytest.mark.parametrize("model", [GPT2, LLAMA, replace(LLAMA, group_query_attention=True,
-                                                        num_query_groups=2), MIXTRAL])
+                                                        num_query_groups=2), MIXTRAL,
+                                   replace(LLAMA, kv_channels=64),
+                                   replace(MIXTRAL, kv_channels=16)])
 def test_config_round_trip(model):
     """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
     config = hf_mapping.hf_config(model, 512, 0, "float32")
     assert hf_mapping.model_config_from_hf(config) == model
+
+
+def test_import_takes_head_dim():
+    # transformers' head_dim where it is not hidden / heads becomes --kv-channels.
+    config = _llama(hidden_size=64, num_attention_heads=4, head_dim=32, intermediate_size=128)
+    assert hf_mapping.model_config_from_hf(config).kv_channels == 32
+    same = _llama(hidden_size=64, num_attention_heads=4, head_dim=16, intermediate_size=128)
+    assert hf_mapping.model_config_from_hf(same).kv_channels is None
+
+
+def test_qkv_split_join_inverse_with_wide_heads():
+    s = hf_mapping.Shape(1, 64, 4, 2, 256, None, 512, True, True, kv_channels=32)
+    w = torch.randn((4 + 2 * 2) * 32, 64)
+    q, k, v = hf_mapping._split_qkv(w, s)
+    assert (q.shape[0], k.shape[0], v.shape[0]) == (128, 64, 64)
+    assert torch.equal(hf_mapping._join_qkv(q, k, v, s), w)
 
 
 def test_qkv_split_join_inverse():

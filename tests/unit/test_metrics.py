@@ -54,3 +54,11 @@ def test_flops_per_token_is_six_times_matmul_parameters_plus_attention():
     h, s, v = 64, 32, 1000
     matmul_params = 2 * (4 * h * h + 2 * h * 4 * h) + h * v
     assert flops_per_token(cfg, v) == 6 * matmul_params + 6 * 2 * (2 * s * h)
+    # Heads wider than hidden / heads (--kv-channels): Q, K, V, the projection and the scores
+    # follow the query width 4 x 32 = 128; K and V the 2 query groups' 64.
+    wide = parse_args(["--num-layers", "2", "--hidden-size", "64", "--seq-length", "32",
+                       "--num-attention-heads", "4", "--kv-channels", "32",
+                       "--group-query-attention", "--num-query-groups", "2"], world_size=1)
+    q, kv = 128, 64
+    matmul_params = 2 * (2 * h * q + 2 * h * kv + 2 * h * 4 * h) + h * v
+    assert flops_per_token(wide, v) == 6 * matmul_params + 6 * 2 * (2 * s * q)

@@ -51,8 +51,22 @@ def test_uneven_pipeline_split_reaches_megatron_core():
         assert built == expected
 
 
+def test_kv_channels_reach_megatron_core():
+    """--kv-channels: heads wider than hidden / heads, and a hidden size the heads need not
+    divide."""
+    from megatron_lgs.model import transformer_config
+
+    cfg = parse_args(["--hidden-size", "60", "--num-attention-heads", "4", "--kv-channels", "32"],
+                     world_size=1)
+    config = transformer_config(cfg, get_platform())
+    assert (config.kv_channels, cfg.model.head_dim) == (32, 32)
+
+
 @pytest.mark.parametrize("argv, world, message", [
     (["--recompute-granularity", "full"], 1, "needs --recompute-method uniform|block"),
+    (["--kv-channels", "0"], 1, "--kv-channels must be at least 1"),
+    (["--hidden-size", "60", "--num-attention-heads", "8"], 1,
+     "or give the head width with --kv-channels"),
     (["--recompute-granularity", "selective", "--recompute-num-layers", "1"], 1, "takes no"),
     (["--recompute-method", "block"], 1, "need --recompute-granularity full"),
     (["--recompute-granularity", "full", "--recompute-method", "block",

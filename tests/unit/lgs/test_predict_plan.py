@@ -20,8 +20,15 @@ from megatron_lgs.lgs.plan_run import (
     resolve,
 )
 from megatron_lgs.lgs.plan_run import main as plan_main
-from megatron_lgs.lgs.planner import best_of, candidates, fits, with_thresholds
+from megatron_lgs.lgs.planner import (
+    best_of,
+    candidates,
+    fits,
+    model_flags,
+    with_thresholds,
+)
 from megatron_lgs.lgs.predict import predict_file
+from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.simulate import cli
 from megatron_lgs.lgs.stepmodel import TERMS, predict_run
 from megatron_lgs.validation import validate
@@ -130,6 +137,19 @@ KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
          "selective recompute": lambda r: r.recompute == "selective"}
 
 
+def test_model_flags_carry_the_head_width() -> None:
+    """A run whose heads are wider than hidden / heads gets --kv-channels on its flag line."""
+    r = run_from_dict({"id": "wide", "gpu": "h100-sxm", "num_gpus": 8, "num_layers": 4,
+                       "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
+                       "vocab": 32000, "seq_length": 4096, "tp": 1, "pp": 1, "micro_batch": 1,
+                       "global_batch": 8})
+    argv = " ".join(model_flags(r)).split()
+    m = config_from_namespace(build_parser().parse_args(argv), 8).model
+    assert (m.kv_channels, m.query_groups) == (128, 4)
+    plain = replace(r, head_dim=64)
+    assert "--kv-channels" not in " ".join(model_flags(plain))
+
+
 @pytest.mark.parametrize("model,gpus,gpu", [("launch/configs/gpt-10b.sh", 64, "h100-sxm"),
                                             ("gpt-100b", 128, "a100-80gb"),
                                             ("gpt-100b-moe", 128, "h100-sxm")])
@@ -195,7 +215,6 @@ def test_published_rows_cite_and_validate() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from published_runs import predicted, published_rows
 
-    from megatron_lgs.lgs.runspec import run_from_dict
 
     rows = published_rows()
     assert len(rows) >= 29 and any(r["run"].get("num_experts") for r in rows)
