@@ -52,12 +52,10 @@ class Shape:
 
 
 def shape_of(m: ModelConfig, vocab: int) -> Shape:
-    groups = m.num_query_groups if m.group_query_attention and m.num_query_groups \
-        else m.num_attention_heads
     ffn = (m.moe_ffn_hidden_size or m.ffn_size) if m.num_experts else m.ffn_size
-    return Shape(m.num_layers, m.hidden_size, m.num_attention_heads, groups, ffn, m.num_experts,
-                 vocab, not m.untie_embeddings_and_output_weights, m.add_bias_linear,
-                 m.kv_channels)
+    return Shape(m.num_layers, m.hidden_size, m.num_attention_heads, m.query_groups, ffn,
+                 m.num_experts, vocab, not m.untie_embeddings_and_output_weights,
+                 m.add_bias_linear, m.kv_channels)
 
 
 def family(m: ModelConfig) -> str:
