@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--max-position-embeddings", m.max_position_embeddings, type=int)
     _add(g, "--position-embedding-type", m.position_embedding_type,
          choices=["learned_absolute", "rope"])
+    _add(g, "--rotary-base", m.rotary_base, help="RoPE's base period (theta)")
     _add(g, "--normalization", m.normalization, choices=["LayerNorm", "RMSNorm"])
     _add(g, "--swiglu", m.swiglu)
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false")

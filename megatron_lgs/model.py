@@ -188,6 +188,7 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int,
                                                            vp_stage=vp_stage),
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
+        rotary_base=cfg.model.rotary_base,
         vp_stage=vp_stage,
     )
     initialize_layout_independent(model, config, cfg.training.seed)

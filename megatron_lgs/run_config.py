@@ -28,6 +28,7 @@ class ModelConfig:
     seq_length: int = 128
     max_position_embeddings: int | None = None  # seq_length when unset
     position_embedding_type: str = "learned_absolute"
+    rotary_base: int = 10000  # RoPE's theta (Llama 3: 500000)
     normalization: str = "LayerNorm"
     swiglu: bool = False
     add_bias_linear: bool = True

@@ -46,6 +46,11 @@ def validate(cfg: Config) -> None:
     if m.num_attention_heads % tp:
         raise ConfigError(f"--num-attention-heads ({m.num_attention_heads}) must be divisible by "
                           f"--tensor-model-parallel-size ({tp})")
+    if m.rotary_base < 1:
+        raise ConfigError(f"--rotary-base must be at least 1, got {m.rotary_base}")
+    if m.rotary_base != ModelConfig.rotary_base and m.position_embedding_type != "rope":
+        raise ConfigError("--rotary-base sets RoPE's period: it needs --position-embedding-type "
+                          "rope")
     if m.kv_channels is not None and m.kv_channels < 1:
         raise ConfigError(f"--kv-channels must be at least 1, got {m.kv_channels}")
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:

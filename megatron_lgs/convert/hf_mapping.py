@@ -27,7 +27,6 @@ from megatron_lgs.run_config import ModelConfig
 # What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
 # another value cannot be expressed on the other side.
 NORM_EPS = 1e-5
-ROPE_THETA = 10000.0
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
           "Llama (RoPE + RMSNorm + SwiGLU), Mixtral (Llama's with MoE experts, no biases)")
 
@@ -107,7 +106,7 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
     llama = dict(hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
                  num_attention_heads=s.heads, num_key_value_heads=s.groups, head_dim=s.head_dim,
                  hidden_act="silu", max_position_embeddings=max_positions, rms_norm_eps=NORM_EPS,
-                 rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                 rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
                  attention_dropout=0.0, **common)
     if kind == "llama":
         return LlamaConfig(attention_bias=s.bias, mlp_bias=s.bias, **llama)
@@ -226,10 +225,10 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
             untie_embeddings_and_output_weights=not c.tie_word_embeddings)
     c = config
     rope = c.rope_parameters or {}
-    _require(rope.get("rope_type", "default") == "default" and
-             float(rope.get("rope_theta", ROPE_THETA)) == ROPE_THETA, kind,
-             f"rope parameters {dict(rope)} (the trainer's RoPE is the default, theta "
-             f"{ROPE_THETA:g})")
+    theta = float(rope.get("rope_theta", ModelConfig.rotary_base))
+    _require(rope.get("rope_type", "default") == "default" and theta.is_integer(), kind,
+             f"rope parameters {dict(rope)} (the trainer's RoPE has no scaling, and its "
+             "--rotary-base is an integer)")
     _require(c.hidden_act == "silu", kind, f"hidden_act {c.hidden_act!r} (SwiGLU needs 'silu')")
     _require(abs(c.rms_norm_eps - NORM_EPS) < 1e-12, kind,
              f"rms_norm_eps {c.rms_norm_eps} (megatron-core's is {NORM_EPS})")
@@ -249,7 +248,8 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         num_query_groups=groups if groups != c.num_attention_heads else None,
         kv_channels=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         seq_length=c.max_position_embeddings,
-        position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
+        position_embedding_type="rope", rotary_base=int(theta), normalization="RMSNorm",
+        swiglu=True,
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
         num_experts=c.num_local_experts if kind == "mixtral" else None,

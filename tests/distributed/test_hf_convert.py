@@ -38,7 +38,9 @@ ROPE = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--sw
 SPREAD = ["--init-method-std", "0.2"]
 ARCHS = {
     "gpt2": [],  # learned positions + LayerNorm + GELU + biases, tied
-    "llama": [*ROPE, "--disable-bias-linear", "--untie-embeddings-and-output-weights"],
+    # Llama 3's RoPE period (transformers' rope_theta).
+    "llama": [*ROPE, "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+              "--rotary-base", "500000"],
     # Heads of 32 on a hidden size of 64 with 4 heads (--kv-channels; transformers' head_dim).
     "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "32",
             *SPREAD],
@@ -129,8 +131,10 @@ def test_logit_parity(name, sources, exported):
     expected = {"gpt2": "GPT2LMHeadModel", "moe": "MixtralForCausalLM"}.get(
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
-    if name != "gpt2":  # GPT-2's config has no head_dim
+    if name != "gpt2":  # GPT-2's config has no head_dim or RoPE
         assert hf.config.head_dim == (32 if name.startswith("gqa") else 64 // 4)
+        theta = hf.config.rope_parameters["rope_theta"]
+        assert theta == (500000.0 if name == "llama" else 10000.0)
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
     run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
     assert tokenizer(PROMPTS[2]).input_ids == run_tokenizer.encode(PROMPTS[2]).ids

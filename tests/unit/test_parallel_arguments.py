@@ -65,6 +65,9 @@ def test_kv_channels_reach_megatron_core():
 @pytest.mark.parametrize("argv, world, message", [
     (["--recompute-granularity", "full"], 1, "needs --recompute-method uniform|block"),
     (["--kv-channels", "0"], 1, "--kv-channels must be at least 1"),
+    (["--rotary-base", "500000"], 1, "--rotary-base sets RoPE's period: it needs"),
+    (["--position-embedding-type", "rope", "--rotary-base", "0"], 1,
+     "--rotary-base must be at least 1"),
     (["--hidden-size", "60", "--num-attention-heads", "8"], 1,
      "or give the head width with --kv-channels"),
     (["--recompute-granularity", "selective", "--recompute-num-layers", "1"], 1, "takes no"),
