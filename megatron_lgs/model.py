@@ -71,6 +71,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         attention_dropout=m.attention_dropout,
         add_bias_linear=m.add_bias_linear,
         normalization=m.normalization,
+        layernorm_epsilon=m.norm_epsilon,
         gated_linear_unit=m.swiglu,
         activation_func=F.silu if m.swiglu else F.gelu,
         tensor_model_parallel_size=par.tensor_model_parallel_size,

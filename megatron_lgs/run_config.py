@@ -30,6 +30,7 @@ class ModelConfig:
     position_embedding_type: str = "learned_absolute"
     rotary_base: int = 10000  # RoPE's theta (Llama 3: 500000)
     normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5  # Qwen: 1e-6
     swiglu: bool = False
     add_bias_linear: bool = True
     untie_embeddings_and_output_weights: bool = False

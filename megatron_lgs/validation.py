@@ -46,6 +46,8 @@ def validate(cfg: Config) -> None:
     if m.num_attention_heads % tp:
         raise ConfigError(f"--num-attention-heads ({m.num_attention_heads}) must be divisible by "
                           f"--tensor-model-parallel-size ({tp})")
+    if not m.norm_epsilon > 0:
+        raise ConfigError(f"--norm-epsilon must be positive, got {m.norm_epsilon}")
     if m.rotary_base < 1:
         raise ConfigError(f"--rotary-base must be at least 1, got {m.rotary_base}")
     if m.rotary_base != ModelConfig.rotary_base and m.position_embedding_type != "rope":

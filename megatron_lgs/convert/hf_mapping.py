@@ -26,7 +26,6 @@ from megatron_lgs.run_config import ModelConfig
 
 # What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
 # another value cannot be expressed on the other side.
-NORM_EPS = 1e-5
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
           "Llama (RoPE + RMSNorm + SwiGLU), Mixtral (Llama's with MoE experts, no biases)")
 
@@ -102,10 +101,11 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
         return GPT2Config(n_positions=max_positions, n_embd=s.hidden, n_layer=s.layers,
                           n_head=s.heads, n_inner=s.ffn, activation_function="gelu",
                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                          layer_norm_epsilon=NORM_EPS, **common)
+                          layer_norm_epsilon=m.norm_epsilon, **common)
     llama = dict(hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
                  num_attention_heads=s.heads, num_key_value_heads=s.groups, head_dim=s.head_dim,
-                 hidden_act="silu", max_position_embeddings=max_positions, rms_norm_eps=NORM_EPS,
+                 hidden_act="silu", max_position_embeddings=max_positions,
+                 rms_norm_eps=m.norm_epsilon,
                  rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
                  attention_dropout=0.0, **common)
     if kind == "llama":
@@ -214,14 +214,12 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         c = config
         _require(c.activation_function == "gelu", "gpt2", f"activation_function "
                  f"{c.activation_function!r} (the trainer's GELU is the exact, erf one: 'gelu')")
-        _require(abs(c.layer_norm_epsilon - NORM_EPS) < 1e-12, "gpt2",
-                 f"layer_norm_epsilon {c.layer_norm_epsilon} (megatron-core's is {NORM_EPS})")
         _require(not c.scale_attn_by_inverse_layer_idx and c.scale_attn_weights, "gpt2",
                  "attention scaled other than by 1/sqrt(head_dim)")
         return ModelConfig(
             num_layers=c.n_layer, hidden_size=c.n_embd, ffn_hidden_size=_ffn(c.n_inner, c.n_embd),
             num_attention_heads=c.n_head, seq_length=c.n_positions,
-            hidden_dropout=0.0, attention_dropout=0.0,
+            norm_epsilon=c.layer_norm_epsilon, hidden_dropout=0.0, attention_dropout=0.0,
             untie_embeddings_and_output_weights=not c.tie_word_embeddings)
     c = config
     rope = c.rope_parameters or {}
@@ -230,8 +228,6 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
              f"rope parameters {dict(rope)} (the trainer's RoPE has no scaling, and its "
              "--rotary-base is an integer)")
     _require(c.hidden_act == "silu", kind, f"hidden_act {c.hidden_act!r} (SwiGLU needs 'silu')")
-    _require(abs(c.rms_norm_eps - NORM_EPS) < 1e-12, kind,
-             f"rms_norm_eps {c.rms_norm_eps} (megatron-core's is {NORM_EPS})")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     bias = bool(getattr(c, "attention_bias", False))
     _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
@@ -249,6 +245,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         kv_channels=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         seq_length=c.max_position_embeddings,
         position_embedding_type="rope", rotary_base=int(theta), normalization="RMSNorm",
+        norm_epsilon=c.rms_norm_eps,
         swiglu=True,
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,

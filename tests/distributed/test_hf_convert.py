@@ -44,8 +44,10 @@ ARCHS = {
     # Heads of 32 on a hidden size of 64 with 4 heads (--kv-channels; transformers' head_dim).
     "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "32",
             *SPREAD],
+    # A norm epsilon other than megatron-core's 1e-5 (transformers' rms_norm_eps).
     "moe": [*ROPE, "--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "64",
-            "--group-query-attention", "--num-query-groups", "2", *SPREAD],
+            "--group-query-attention", "--num-query-groups", "2", "--norm-epsilon", "1e-3",
+            *SPREAD],
 }
 TP2PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 PROMPTS = ["def main(", "The quick brown fox", "import os\nimport sys\n"]
@@ -135,6 +137,7 @@ def test_logit_parity(name, sources, exported):
         assert hf.config.head_dim == (32 if name.startswith("gqa") else 64 // 4)
         theta = hf.config.rope_parameters["rope_theta"]
         assert theta == (500000.0 if name == "llama" else 10000.0)
+        assert hf.config.rms_norm_eps == (1e-3 if name == "moe" else 1e-5)
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
     run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
     assert tokenizer(PROMPTS[2]).input_ids == run_tokenizer.encode(PROMPTS[2]).ids

@@ -62,11 +62,9 @@ def _mixtral(**kwargs) -> MixtralConfig:
 @pytest.mark.parametrize("config, reason", [
     (OPTConfig(), "model type 'opt'"),
     (GPT2Config(), "gelu_new"),
-    (GPT2Config(activation_function="gelu", layer_norm_epsilon=1e-6), "layer_norm_epsilon"),
     (_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.5}), "an integer"),
     (_llama(rope_parameters={"rope_type": "linear", "rope_theta": 500000.0, "factor": 8.0}),
      "no scaling"),
-    (_llama(rms_norm_eps=1e-6), "rms_norm_eps"),
     (_llama(attention_bias=True, mlp_bias=False), "all or none"),
     (_llama(hidden_act="gelu"), "hidden_act"),
     (_mixtral(router_jitter_noise=0.1), "jitter"),
@@ -80,16 +78,21 @@ def test_import_refuses(config, reason):
 @pytest.mark.parametrize("model", [GPT2, LLAMA, replace(LLAMA, group_query_attention=True,
                                                         num_query_groups=2), MIXTRAL,
                                    replace(LLAMA, kv_channels=64, rotary_base=500000),
-                                   replace(MIXTRAL, kv_channels=16)])
+                                   replace(MIXTRAL, kv_channels=16, norm_epsilon=1e-6),
+                                   replace(GPT2, norm_epsilon=1e-6)])
 def test_config_round_trip(model):
     """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
     config = hf_mapping.hf_config(model, 512, 0, "float32")
     assert hf_mapping.model_config_from_hf(config) == model
 
 
-def test_import_takes_rope_theta():
-    config = _llama(rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
-    assert hf_mapping.model_config_from_hf(config).rotary_base == 500000
+def test_import_takes_rope_theta_and_norm_epsilon():
+    config = _llama(rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                    rms_norm_eps=1e-6)
+    m = hf_mapping.model_config_from_hf(config)
+    assert (m.rotary_base, m.norm_epsilon) == (500000, 1e-6)
+    gpt2 = GPT2Config(activation_function="gelu", layer_norm_epsilon=1e-6)
+    assert hf_mapping.model_config_from_hf(gpt2).norm_epsilon == 1e-6
 
 
 def test_import_takes_head_dim():

@@ -65,6 +65,7 @@ def test_kv_channels_reach_megatron_core():
 @pytest.mark.parametrize("argv, world, message", [
     (["--recompute-granularity", "full"], 1, "needs --recompute-method uniform|block"),
     (["--kv-channels", "0"], 1, "--kv-channels must be at least 1"),
+    (["--norm-epsilon", "0"], 1, "--norm-epsilon must be positive"),
     (["--rotary-base", "500000"], 1, "--rotary-base sets RoPE's period: it needs"),
     (["--position-embedding-type", "rope", "--rotary-base", "0"], 1,
      "--rotary-base must be at least 1"),
