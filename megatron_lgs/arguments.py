@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--rotary-base", m.rotary_base, help="RoPE's base period (theta)")
     _add(g, "--normalization", m.normalization, choices=["LayerNorm", "RMSNorm"])
     _add(g, "--norm-epsilon", m.norm_epsilon, help="epsilon of every LayerNorm/RMSNorm")
+    _add(g, "--qk-layernorm", m.qk_layernorm, help="normalize each query and key head")
     _add(g, "--swiglu", m.swiglu)
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false")
     _add(g, "--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights)

@@ -72,6 +72,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         add_bias_linear=m.add_bias_linear,
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
+        qk_layernorm=m.qk_layernorm,
         gated_linear_unit=m.swiglu,
         activation_func=F.silu if m.swiglu else F.gelu,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
@@ -132,7 +133,8 @@ class SequenceParallelNorm:
     WrappedTorchNorm refuses SP, yet a norm acts per token, so it is correct on a sequence shard
     as long as its weight gradients, partial over this rank's tokens, are summed over the
     tensor-parallel group. Marking the weights `sequence_parallel` makes megatron-core's
-    finalize_model_grads do exactly that."""
+    finalize_model_grads do exactly that. The query and key norms (`--qk-layernorm`) act per
+    head on this rank's heads; their gradients are summed over the group by name, once."""
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
                 **_: object) -> torch.nn.Module:
@@ -151,7 +153,8 @@ def local_block_spec(cfg: Config, config: TransformerConfig,
     m = cfg.model
     layer = get_gpt_layer_local_spec(num_experts=m.num_experts,
                                      moe_grouped_gemm=m.moe_grouped_gemm,
-                                     normalization=m.normalization)
+                                     normalization=m.normalization,
+                                     qk_layernorm=m.qk_layernorm)
     if config.context_parallel_size > 1:
         use_context_parallel_attention(layer)
     if not config.sequence_parallel:
@@ -159,6 +162,12 @@ def local_block_spec(cfg: Config, config: TransformerConfig,
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=SequenceParallelNorm,
         pre_mlp_layernorm=SequenceParallelNorm))
+    if m.qk_layernorm:
+        attention = layer.submodules.self_attention
+        layer.submodules.self_attention = dataclasses.replace(
+            attention, submodules=dataclasses.replace(
+                attention.submodules, q_layernorm=SequenceParallelNorm,
+                k_layernorm=SequenceParallelNorm))
     return TransformerBlockSubmodules(
         layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
         layer_norm=SequenceParallelNorm)
@@ -174,7 +183,8 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int,
     m = cfg.model
     if use_transformer_engine(cfg, platform):
         spec = get_gpt_layer_with_transformer_engine_spec(
-            num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm)
+            num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm,
+            qk_layernorm=m.qk_layernorm)
     else:
         spec = local_block_spec(cfg, config, vp_stage)
     model = GPTModel(

@@ -31,6 +31,7 @@ class ModelConfig:
     rotary_base: int = 10000  # RoPE's theta (Llama 3: 500000)
     normalization: str = "LayerNorm"
     norm_epsilon: float = 1e-5  # Qwen: 1e-6
+    qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
     swiglu: bool = False
     add_bias_linear: bool = True
     untie_embeddings_and_output_weights: bool = False

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfig
+from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfig, Qwen3Config
 
 from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.run_config import ModelConfig
@@ -27,7 +27,8 @@ from megatron_lgs.run_config import ModelConfig
 # What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
 # another value cannot be expressed on the other side.
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
-          "Llama (RoPE + RMSNorm + SwiGLU), Mixtral (Llama's with MoE experts, no biases)")
+          "Llama (RoPE + RMSNorm + SwiGLU), Qwen3 (Llama's with query/key norms, no biases), "
+          "Mixtral (Llama's with MoE experts, no biases)")
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,16 @@ def shape_of(m: ModelConfig, vocab: int) -> Shape:
 
 
 def family(m: ModelConfig) -> str:
-    """gpt2 | llama | mixtral, or ConvertError naming the option that has no target."""
+    """gpt2 | llama | qwen3 | mixtral, or ConvertError naming the option that has no target."""
     rope, rms, swiglu = (m.position_embedding_type == "rope", m.normalization == "RMSNorm",
                          m.swiglu)
     gqa = m.group_query_attention and m.num_query_groups not in (None, m.num_attention_heads)
+    if m.qk_layernorm:
+        if not (rope and rms and swiglu and not m.add_bias_linear and not m.num_experts):
+            raise ConvertError("cannot export: query/key norms map onto Qwen3 only, which needs "
+                               "RoPE, RMSNorm, SwiGLU, no linear biases and no experts; this "
+                               "model has " + _describe(m))
+        return "qwen3"
     if m.num_experts:
         if m.moe_expert_capacity_factor is not None:
             raise ConvertError("cannot export: --moe-expert-capacity-factor drops tokens in the "
@@ -110,6 +117,8 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
                  attention_dropout=0.0, **common)
     if kind == "llama":
         return LlamaConfig(attention_bias=s.bias, mlp_bias=s.bias, **llama)
+    if kind == "qwen3":
+        return Qwen3Config(attention_bias=False, use_sliding_window=False, **llama)
     return MixtralConfig(num_local_experts=s.experts, num_experts_per_tok=m.moe_router_topk,
                          router_aux_loss_coef=m.moe_aux_loss_coeff, router_jitter_noise=0.0,
                          sliding_window=None, **llama)
@@ -179,6 +188,10 @@ def _gpt2_layer(ours: dict, src: str, dst: str, s: Shape, hf: dict) -> None:
         hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
 
 
+# Qwen3's per-head query and key norms beside ours.
+_QK_NORMS = (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm"))
+
+
 def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) -> None:
     hf[f"{dst}input_layernorm.weight"] = ours[f"{src}input_layernorm.weight"]
     hf[f"{dst}post_attention_layernorm.weight"] = ours[f"{src}pre_mlp_layernorm.weight"]
@@ -188,10 +201,12 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
                            strict=True):
             hf[f"{dst}self_attn.{name}.{p}"] = t
         hf[f"{dst}self_attn.o_proj.{p}"] = ours[f"{src}self_attention.linear_proj.{p}"]
-        if kind == "llama":
+        if kind != "mixtral":
             gate, up = ours[f"{src}mlp.linear_fc1.{p}"].chunk(2, dim=0)
             hf[f"{dst}mlp.gate_proj.{p}"], hf[f"{dst}mlp.up_proj.{p}"] = gate, up
             hf[f"{dst}mlp.down_proj.{p}"] = ours[f"{src}mlp.linear_fc2.{p}"]
+    for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
+        hf[f"{dst}self_attn.{hf_name}.weight"] = ours[f"{src}self_attention.{ours_name}.weight"]
     if kind == "mixtral":
         experts = f"{src}mlp.experts.local_experts."
         hf[f"{dst}mlp.gate.weight"] = ours[f"{src}mlp.router.weight"]
@@ -206,7 +221,7 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
 def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     """Our model flags for a transformers config, or ConvertError for what we cannot express."""
     kind = config.model_type
-    if kind not in ("gpt2", "llama", "mixtral"):
+    if kind not in ("gpt2", "llama", "qwen3", "mixtral"):
         archs = ", ".join(getattr(config, "architectures", None) or [kind])
         raise ConvertError(f"cannot import {archs}: model type {kind!r} has no megatron-lgs "
                            f"mapping; mapped are {MAPPED}")
@@ -232,6 +247,10 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     bias = bool(getattr(c, "attention_bias", False))
     _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
              "attention_bias != mlp_bias (the trainer's biases are all or none)")
+    if kind == "qwen3":
+        _require(not bias, kind, "attention biases (Qwen3's MLP has none; the trainer's biases "
+                 "are all or none)")
+        _require(not c.use_sliding_window, kind, "a sliding window")
     if kind == "mixtral":
         _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
         _require(getattr(c, "sliding_window", None) is None, kind, "a sliding window")
@@ -245,8 +264,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         kv_channels=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         seq_length=c.max_position_embeddings,
         position_embedding_type="rope", rotary_base=int(theta), normalization="RMSNorm",
-        norm_epsilon=c.rms_norm_eps,
-        swiglu=True,
+        norm_epsilon=c.rms_norm_eps, qk_layernorm=kind == "qwen3", swiglu=True,
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
         num_experts=c.num_local_experts if kind == "mixtral" else None,
@@ -314,10 +332,12 @@ def _llama_layer_back(hf: dict, src: str, dst: str, s: Shape, kind: str, ours: d
         ours[f"{dst}self_attention.linear_qkv.{p}"] = _join_qkv(
             *(hf[f"{src}self_attn.{n}.{p}"] for n in ("q_proj", "k_proj", "v_proj")), s)
         ours[f"{dst}self_attention.linear_proj.{p}"] = hf[f"{src}self_attn.o_proj.{p}"]
-        if kind == "llama":
+        if kind != "mixtral":
             ours[f"{dst}mlp.linear_fc1.{p}"] = torch.cat(
                 [hf[f"{src}mlp.gate_proj.{p}"], hf[f"{src}mlp.up_proj.{p}"]])
             ours[f"{dst}mlp.linear_fc2.{p}"] = hf[f"{src}mlp.down_proj.{p}"]
+    for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
+        ours[f"{dst}self_attention.{ours_name}.weight"] = hf[f"{src}self_attn.{hf_name}.weight"]
     if kind == "mixtral":
         ours[f"{dst}mlp.router.weight"] = hf[f"{src}mlp.gate.weight"]
         for e in range(s.experts):

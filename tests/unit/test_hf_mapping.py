@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import GPT2Config, LlamaConfig, MixtralConfig, OPTConfig
+from transformers import GPT2Config, LlamaConfig, MixtralConfig, OPTConfig, Qwen3Config
 
 import megatron_lgs  # noqa: F401
 from megatron_lgs.convert import hf_mapping
@@ -17,6 +17,10 @@ from megatron_lgs.run_config import ModelConfig
 GPT2 = ModelConfig()
 LLAMA = ModelConfig(position_embedding_type="rope", normalization="RMSNorm", swiglu=True)
 MIXTRAL = replace(LLAMA, add_bias_linear=False, num_experts=4)
+# Qwen3's shape: query/key norms, heads wider than hidden / heads, its theta and epsilon.
+QWEN3 = replace(LLAMA, add_bias_linear=False, qk_layernorm=True, kv_channels=64,
+                rotary_base=1000000, norm_epsilon=1e-6, group_query_attention=True,
+                num_query_groups=2)
 
 
 @pytest.mark.parametrize("model, family", [
@@ -26,6 +30,7 @@ MIXTRAL = replace(LLAMA, add_bias_linear=False, num_experts=4)
     (replace(LLAMA, add_bias_linear=False, group_query_attention=True, num_query_groups=2),
      "llama"),
     (MIXTRAL, "mixtral"),
+    (QWEN3, "qwen3"),
 ])
 def test_mapped(model, family):
     assert hf_mapping.family(model) == family
@@ -43,6 +48,9 @@ def test_mapped(model, family):
     (replace(MIXTRAL, add_bias_linear=True), "Mixtral"),
     (replace(MIXTRAL, normalization="LayerNorm"), "Mixtral"),
     (replace(GPT2, kv_channels=64), "GPT-2's heads are hidden / heads wide"),
+    (replace(QWEN3, add_bias_linear=True), "Qwen3 only"),
+    (replace(QWEN3, num_experts=4), "Qwen3 only"),
+    (replace(GPT2, qk_layernorm=True), "Qwen3 only"),
 ])
 def test_refused_in_one_line(model, reason):
     with pytest.raises(ConvertError, match=reason) as info:
@@ -69,6 +77,8 @@ def _mixtral(**kwargs) -> MixtralConfig:
     (_llama(hidden_act="gelu"), "hidden_act"),
     (_mixtral(router_jitter_noise=0.1), "jitter"),
     (_mixtral(sliding_window=4096), "sliding window"),
+    (Qwen3Config(rms_norm_eps=1e-6, use_sliding_window=True), "sliding window"),
+    (Qwen3Config(rms_norm_eps=1e-6, attention_bias=True), "attention biases"),
 ])
 def test_import_refuses(config, reason):
     with pytest.raises(ConvertError, match=reason):
@@ -79,7 +89,7 @@ def test_import_refuses(config, reason):
                                                         num_query_groups=2), MIXTRAL,
                                    replace(LLAMA, kv_channels=64, rotary_base=500000),
                                    replace(MIXTRAL, kv_channels=16, norm_epsilon=1e-6),
-                                   replace(GPT2, norm_epsilon=1e-6)])
+                                   replace(GPT2, norm_epsilon=1e-6), QWEN3])
 def test_config_round_trip(model):
     """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
     config = hf_mapping.hf_config(model, 512, 0, "float32")
