@@ -3,7 +3,11 @@
     ours (megatron-core, local spec)          transformers
     learned + LayerNorm + GELU + biases, MHA  GPT2LMHeadModel    (tied or untied)
     RoPE + RMSNorm + SwiGLU (biases or none)  LlamaForCausalLM   (GQA, tied or untied)
+    the same with query/key norms, no biases  Qwen3ForCausalLM
     the same with MoE experts, no biases      MixtralForCausalLM (softmax top-k router)
+
+Heads of any width (--kv-channels, transformers' head_dim; not GPT-2), any RoPE period
+(--rotary-base, rope_theta) and norm epsilon (--norm-epsilon) map both ways.
 
 Everything else has no faithful target and is refused in one line (see `refusal`): the model
 would compute something else in `transformers`. Names are megatron's at TP = 1 (see
@@ -24,8 +28,6 @@ from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfi
 from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.run_config import ModelConfig
 
-# What megatron-core uses and our trainer has no flag for: a checkpoint or HF model that needs
-# another value cannot be expressed on the other side.
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
           "Llama (RoPE + RMSNorm + SwiGLU), Qwen3 (Llama's with query/key norms, no biases), "
           "Mixtral (Llama's with MoE experts, no biases)")
