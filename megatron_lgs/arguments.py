@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--qk-layernorm", m.qk_layernorm, help="normalize each query and key head")
     _add(g, "--swiglu", m.swiglu)
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false")
+    _add(g, "--add-qkv-bias", m.add_qkv_bias, help="biases on the query, key and value "
+         "projections only (with --disable-bias-linear)")
     _add(g, "--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights)
     _add(g, "--init-method-std", m.init_method_std)
     _add(g, "--hidden-dropout", m.hidden_dropout)

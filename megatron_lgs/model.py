@@ -70,6 +70,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
         normalization=m.normalization,
         layernorm_epsilon=m.norm_epsilon,
         qk_layernorm=m.qk_layernorm,

@@ -34,6 +34,7 @@ class ModelConfig:
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
     swiglu: bool = False
     add_bias_linear: bool = True
+    add_qkv_bias: bool = False  # biases on Q, K and V only (Qwen2), beside --disable-bias-linear
     untie_embeddings_and_output_weights: bool = False
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0

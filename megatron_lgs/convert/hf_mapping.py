@@ -3,6 +3,7 @@
     ours (megatron-core, local spec)          transformers
     learned + LayerNorm + GELU + biases, MHA  GPT2LMHeadModel    (tied or untied)
     RoPE + RMSNorm + SwiGLU (biases or none)  LlamaForCausalLM   (GQA, tied or untied)
+    the same with Q/K/V biases only           Qwen2ForCausalLM
     the same with query/key norms, no biases  Qwen3ForCausalLM
     the same with MoE experts, no biases      MixtralForCausalLM (softmax top-k router)
 
@@ -23,13 +24,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GPT2Config, LlamaConfig, MixtralConfig, PretrainedConfig, Qwen3Config
+from transformers import (
+    GPT2Config,
+    LlamaConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.run_config import ModelConfig
 
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
-          "Llama (RoPE + RMSNorm + SwiGLU), Qwen3 (Llama's with query/key norms, no biases), "
+          "Llama (RoPE + RMSNorm + SwiGLU), Qwen2 (Llama's with Q/K/V biases only), "
+          "Qwen3 (Llama's with query/key norms, no biases), "
           "Mixtral (Llama's with MoE experts, no biases)")
 
 
@@ -60,12 +69,20 @@ def shape_of(m: ModelConfig, vocab: int) -> Shape:
 
 
 def family(m: ModelConfig) -> str:
-    """gpt2 | llama | qwen3 | mixtral, or ConvertError naming the option that has no target."""
+    """gpt2 | llama | qwen2 | qwen3 | mixtral, or ConvertError naming the option that has no
+    target."""
     rope, rms, swiglu = (m.position_embedding_type == "rope", m.normalization == "RMSNorm",
                          m.swiglu)
     gqa = m.group_query_attention and m.num_query_groups not in (None, m.num_attention_heads)
+    llama_like = rope and rms and swiglu and not m.add_bias_linear and not m.num_experts
+    if m.add_qkv_bias:
+        if not llama_like or m.qk_layernorm:
+            raise ConvertError("cannot export: Q/K/V-only biases map onto Qwen2 only, which "
+                               "needs RoPE, RMSNorm, SwiGLU, no other biases, no experts and no "
+                               "query/key norms; this model has " + _describe(m))
+        return "qwen2"
     if m.qk_layernorm:
-        if not (rope and rms and swiglu and not m.add_bias_linear and not m.num_experts):
+        if not llama_like:
             raise ConvertError("cannot export: query/key norms map onto Qwen3 only, which needs "
                                "RoPE, RMSNorm, SwiGLU, no linear biases and no experts; this "
                                "model has " + _describe(m))
@@ -98,7 +115,10 @@ def _describe(m: ModelConfig) -> str:
     return (f"{'RoPE' if m.position_embedding_type == 'rope' else 'learned positions'} + "
             f"{m.normalization} + {'SwiGLU' if m.swiglu else 'GELU'} + "
             f"{'biases' if m.add_bias_linear else 'no biases'}"
-            f"{' + grouped-query attention' if gqa else ''}")
+            f"{' + Q/K/V biases' if m.add_qkv_bias else ''}"
+            f"{' + query/key norms' if m.qk_layernorm else ''}"
+            f"{' + grouped-query attention' if gqa else ''}"
+            f"{' + MoE experts' if m.num_experts else ''}")
 
 
 def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> PretrainedConfig:
@@ -119,6 +139,8 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
                  attention_dropout=0.0, **common)
     if kind == "llama":
         return LlamaConfig(attention_bias=s.bias, mlp_bias=s.bias, **llama)
+    if kind == "qwen2":
+        return Qwen2Config(use_sliding_window=False, **llama)
     if kind == "qwen3":
         return Qwen3Config(attention_bias=False, use_sliding_window=False, **llama)
     return MixtralConfig(num_local_experts=s.experts, num_experts_per_tok=m.moe_router_topk,
@@ -207,6 +229,11 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
             gate, up = ours[f"{src}mlp.linear_fc1.{p}"].chunk(2, dim=0)
             hf[f"{dst}mlp.gate_proj.{p}"], hf[f"{dst}mlp.up_proj.{p}"] = gate, up
             hf[f"{dst}mlp.down_proj.{p}"] = ours[f"{src}mlp.linear_fc2.{p}"]
+    if kind == "qwen2":
+        for name, t in zip(("q_proj", "k_proj", "v_proj"),
+                           _split_qkv(ours[f"{src}self_attention.linear_qkv.bias"], s),
+                           strict=True):
+            hf[f"{dst}self_attn.{name}.bias"] = t
     for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
         hf[f"{dst}self_attn.{hf_name}.weight"] = ours[f"{src}self_attention.{ours_name}.weight"]
     if kind == "mixtral":
@@ -223,7 +250,7 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
 def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     """Our model flags for a transformers config, or ConvertError for what we cannot express."""
     kind = config.model_type
-    if kind not in ("gpt2", "llama", "qwen3", "mixtral"):
+    if kind not in ("gpt2", "llama", "qwen2", "qwen3", "mixtral"):
         archs = ", ".join(getattr(config, "architectures", None) or [kind])
         raise ConvertError(f"cannot import {archs}: model type {kind!r} has no megatron-lgs "
                            f"mapping; mapped are {MAPPED}")
@@ -252,6 +279,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     if kind == "qwen3":
         _require(not bias, kind, "attention biases (Qwen3's MLP has none; the trainer's biases "
                  "are all or none)")
+    if kind in ("qwen2", "qwen3"):
         _require(not c.use_sliding_window, kind, "a sliding window")
     if kind == "mixtral":
         _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
@@ -267,6 +295,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         seq_length=c.max_position_embeddings,
         position_embedding_type="rope", rotary_base=int(theta), normalization="RMSNorm",
         norm_epsilon=c.rms_norm_eps, qk_layernorm=kind == "qwen3", swiglu=True,
+        add_qkv_bias=kind == "qwen2",
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
         num_experts=c.num_local_experts if kind == "mixtral" else None,
@@ -338,6 +367,9 @@ def _llama_layer_back(hf: dict, src: str, dst: str, s: Shape, kind: str, ours: d
             ours[f"{dst}mlp.linear_fc1.{p}"] = torch.cat(
                 [hf[f"{src}mlp.gate_proj.{p}"], hf[f"{src}mlp.up_proj.{p}"]])
             ours[f"{dst}mlp.linear_fc2.{p}"] = hf[f"{src}mlp.down_proj.{p}"]
+    if kind == "qwen2":
+        ours[f"{dst}self_attention.linear_qkv.bias"] = _join_qkv(
+            *(hf[f"{src}self_attn.{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")), s)
     for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
         ours[f"{dst}self_attention.{ours_name}.weight"] = hf[f"{src}self_attn.{hf_name}.weight"]
     if kind == "mixtral":

@@ -44,6 +44,10 @@ ARCHS = {
     # Heads of 32 on a hidden size of 64 with 4 heads (--kv-channels; transformers' head_dim).
     "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "32",
             *SPREAD],
+    # Qwen2's: biases on Q, K and V only, theta 1e6, epsilon 1e-6, GQA.
+    "qwen2": [*ROPE, "--disable-bias-linear", "--add-qkv-bias", "--rotary-base", "1000000",
+              "--norm-epsilon", "1e-6", "--group-query-attention", "--num-query-groups", "2",
+              *SPREAD],
     # Qwen3's shape: query/key norms, heads of 32, theta 1e6, epsilon 1e-6, GQA.
     "qwen3": [*ROPE, "--disable-bias-linear", "--qk-layernorm", "--kv-channels", "32",
               "--rotary-base", "1000000", "--norm-epsilon", "1e-6", "--group-query-attention",
@@ -135,15 +139,16 @@ def test_logit_parity(name, sources, exported):
     assert difference < 1e-4
     assert mine.std().item() > 1e-2  # a real signal, not two zero tensors
     expected = {"gpt2": "GPT2LMHeadModel", "moe": "MixtralForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}.get(
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
     if name != "gpt2":  # GPT-2's config has no head_dim or RoPE
         wide = name.startswith("gqa") or name == "qwen3"
         assert hf.config.head_dim == (32 if wide else 64 // 4)
         theta = hf.config.rope_parameters["rope_theta"]
-        assert theta == {"llama": 500000.0, "qwen3": 1e6}.get(name, 10000.0)
-        assert hf.config.rms_norm_eps == {"moe": 1e-3, "qwen3": 1e-6}.get(name, 1e-5)
+        assert theta == {"llama": 500000.0, "qwen2": 1e6, "qwen3": 1e6}.get(name, 10000.0)
+        eps = {"moe": 1e-3, "qwen2": 1e-6, "qwen3": 1e-6}.get(name, 1e-5)
+        assert hf.config.rms_norm_eps == eps
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
     run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
     assert tokenizer(PROMPTS[2]).input_ids == run_tokenizer.encode(PROMPTS[2]).ids
@@ -204,7 +209,7 @@ def run_losses(save: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["event"] == "train"]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gqa", "moe", "qwen3"])
+@pytest.mark.parametrize("name", ["gpt2", "gqa", "moe", "qwen2", "qwen3"])
 def test_import_gives_back_every_tensor(name, runs, exported, world, tmp_path):
     imported = import_hf.from_hf(exported[name], tmp_path / "ckpt")
     (original, record), (back, back_record) = _ours(runs[name]), _ours(imported)

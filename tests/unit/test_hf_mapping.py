@@ -7,7 +7,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import GPT2Config, LlamaConfig, MixtralConfig, OPTConfig, Qwen3Config
+from transformers import (
+    GPT2Config,
+    LlamaConfig,
+    MixtralConfig,
+    OPTConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 import megatron_lgs  # noqa: F401
 from megatron_lgs.convert import hf_mapping
@@ -18,6 +25,8 @@ GPT2 = ModelConfig()
 LLAMA = ModelConfig(position_embedding_type="rope", normalization="RMSNorm", swiglu=True)
 MIXTRAL = replace(LLAMA, add_bias_linear=False, num_experts=4)
 # Qwen3's shape: query/key norms, heads wider than hidden / heads, its theta and epsilon.
+QWEN2 = replace(LLAMA, add_bias_linear=False, add_qkv_bias=True, rotary_base=1000000,
+                norm_epsilon=1e-6)
 QWEN3 = replace(LLAMA, add_bias_linear=False, qk_layernorm=True, kv_channels=64,
                 rotary_base=1000000, norm_epsilon=1e-6, group_query_attention=True,
                 num_query_groups=2)
@@ -30,6 +39,7 @@ QWEN3 = replace(LLAMA, add_bias_linear=False, qk_layernorm=True, kv_channels=64,
     (replace(LLAMA, add_bias_linear=False, group_query_attention=True, num_query_groups=2),
      "llama"),
     (MIXTRAL, "mixtral"),
+    (QWEN2, "qwen2"),
     (QWEN3, "qwen3"),
 ])
 def test_mapped(model, family):
@@ -51,6 +61,9 @@ def test_mapped(model, family):
     (replace(QWEN3, add_bias_linear=True), "Qwen3 only"),
     (replace(QWEN3, num_experts=4), "Qwen3 only"),
     (replace(GPT2, qk_layernorm=True), "Qwen3 only"),
+    (replace(QWEN2, add_bias_linear=True), "Qwen2 only"),
+    (replace(QWEN2, qk_layernorm=True), "Qwen2 only"),
+    (replace(QWEN2, num_experts=4), "MoE experts"),
 ])
 def test_refused_in_one_line(model, reason):
     with pytest.raises(ConvertError, match=reason) as info:
@@ -78,6 +91,7 @@ def _mixtral(**kwargs) -> MixtralConfig:
     (_mixtral(router_jitter_noise=0.1), "jitter"),
     (_mixtral(sliding_window=4096), "sliding window"),
     (Qwen3Config(rms_norm_eps=1e-6, use_sliding_window=True), "sliding window"),
+    (Qwen2Config(use_sliding_window=True), "sliding window"),
     (Qwen3Config(rms_norm_eps=1e-6, attention_bias=True), "attention biases"),
 ])
 def test_import_refuses(config, reason):
@@ -89,7 +103,7 @@ def test_import_refuses(config, reason):
                                                         num_query_groups=2), MIXTRAL,
                                    replace(LLAMA, kv_channels=64, rotary_base=500000),
                                    replace(MIXTRAL, kv_channels=16, norm_epsilon=1e-6),
-                                   replace(GPT2, norm_epsilon=1e-6), QWEN3])
+                                   replace(GPT2, norm_epsilon=1e-6), QWEN2, QWEN3])
 def test_config_round_trip(model):
     """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
     config = hf_mapping.hf_config(model, 512, 0, "float32")
