@@ -90,28 +90,36 @@ def test_uneven_interleaved_pipeline_matches_one_process(data_cache):
 
 def test_qk_layernorm_trains_the_same_under_tensor_parallelism(tmp_path, data_cache):
     """Query and key norms (--qk-layernorm, Qwen3's) act per head on each rank's heads, so
-    their gradients must be summed over the TP group: after 3 steps of TP2 with SP the losses
-    and every trained tensor, the norms' among them, are those of one process."""
+    their gradients must be summed over the TP group: after 3 steps of TP2, with SP (our
+    SequenceParallelNorm) and without (megatron-core's own norm), the losses and every trained
+    tensor, the norms' among them, are those of one process."""
     qk = [*BASE, *STEPS, "--data-cache-dir", data_cache, "--qk-layernorm",
           "--position-embedding-type", "rope", "--normalization", "RMSNorm",
           "--save-interval", "3", "--no-save-optim"]
+
+    def trained(run) -> dict[str, torch.Tensor]:
+        state = _load_state_dict_from_keys(checkpoint_id=str(run.save_dir / "iter_0000003"))
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
     one = run_pretrain(qk, save_dir=tmp_path / "one")
-    tp = run_pretrain([*qk, *TP2, *SP], nproc=2, save_dir=tmp_path / "tp2")
-    _check("TP2+SP qk-layernorm", one.logged_losses(), tp.logged_losses())
-    trained = [{k: v for k, v in _load_state_dict_from_keys(
-        checkpoint_id=str(run.save_dir / "iter_0000003")).items()
-        if isinstance(v, torch.Tensor)} for run in (one, tp)]
-    norms = [k for k in trained[0] if "q_layernorm" in k or "k_layernorm" in k]
+    reference = trained(one)
+    norms = [k for k in reference if "q_layernorm" in k or "k_layernorm" in k]
     # Stacked over the 4 layers: one [4, head width 16] tensor each for queries and keys.
-    assert len(norms) == 2 and trained[0].keys() == trained[1].keys()
-    assert all(trained[0][k].shape == (4, 16) for k in norms)
-    assert any((trained[0][k] != 1).any() for k in norms)  # they trained
-    diff = {k: (trained[0][k] - trained[1][k]).abs().max().item() for k in trained[0]}
-    report(f"parallel equivalence TP2+SP qk-layernorm: query/key norms after 3 steps within "
-           f"{max(diff[k] for k in norms):.1e} of 1 process, every tensor {max(diff.values()):.1e}")
-    # Left partial (not summed over TP) the norms end 7e-3 apart while the first 3 losses still
-    # agree within 2e-6; Adam turns float noise in near-zero gradients into 1e-5 elsewhere.
-    assert max(diff[k] for k in norms) < 1e-6 and max(diff.values()) < 1e-4
+    assert len(norms) == 2 and all(reference[k].shape == (4, 16) for k in norms)
+    assert any((reference[k] != 1).any() for k in norms)  # they trained
+    for name, flags in (("TP2+SP", [*TP2, *SP]), ("TP2", TP2)):
+        run = run_pretrain([*qk, *flags], nproc=2, save_dir=tmp_path / name)
+        _check(f"{name} qk-layernorm", one.logged_losses(), run.logged_losses())
+        got = trained(run)
+        assert got.keys() == reference.keys()
+        diff = {k: (reference[k] - got[k]).abs().max().item() for k in reference}
+        report(f"parallel equivalence {name} qk-layernorm: query/key norms after 3 steps "
+               f"within {max(diff[k] for k in norms):.1e} of 1 process, every tensor "
+               f"{max(diff.values()):.1e}")
+        # Left partial (not summed over TP) the norms end 7e-3 apart while the first 3 losses
+        # still agree within 2e-6; Adam turns float noise in near-zero gradients into 1e-5
+        # elsewhere.
+        assert max(diff[k] for k in norms) < 1e-6 and max(diff.values()) < 1e-4, name
 
 
 @pytest.mark.parametrize("name", MOE_LAYOUTS)
