@@ -55,6 +55,7 @@ class Shape:
     tied: bool
     bias: bool
     kv_channels: int | None = None  # one head's width; hidden / heads when None
+    qkv_bias: bool = False  # biases on Q, K and V even without `bias` (Qwen2)
 
     @property
     def head_dim(self) -> int:
@@ -65,7 +66,7 @@ def shape_of(m: ModelConfig, vocab: int) -> Shape:
     ffn = (m.moe_ffn_hidden_size or m.ffn_size) if m.num_experts else m.ffn_size
     return Shape(m.num_layers, m.hidden_size, m.num_attention_heads, m.query_groups, ffn,
                  m.num_experts, vocab, not m.untie_embeddings_and_output_weights,
-                 m.add_bias_linear, m.kv_channels)
+                 m.add_bias_linear, m.kv_channels, m.add_qkv_bias)
 
 
 def family(m: ModelConfig) -> str:
@@ -212,6 +213,10 @@ def _gpt2_layer(ours: dict, src: str, dst: str, s: Shape, hf: dict) -> None:
         hf[f"{dst}{b}.bias"] = ours[f"{src}{a}.bias"]
 
 
+def _qkv_params(s: Shape) -> tuple[str, ...]:
+    return ("weight", "bias") if s.bias or s.qkv_bias else ("weight",)
+
+
 # Qwen3's per-head query and key norms beside ours.
 _QK_NORMS = (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm"))
 
@@ -219,21 +224,17 @@ _QK_NORMS = (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm"))
 def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) -> None:
     hf[f"{dst}input_layernorm.weight"] = ours[f"{src}input_layernorm.weight"]
     hf[f"{dst}post_attention_layernorm.weight"] = ours[f"{src}pre_mlp_layernorm.weight"]
-    for p in ("weight", "bias") if s.bias else ("weight",):
+    for p in _qkv_params(s):
         for name, t in zip(("q_proj", "k_proj", "v_proj"),
                            _split_qkv(ours[f"{src}self_attention.linear_qkv.{p}"], s),
                            strict=True):
             hf[f"{dst}self_attn.{name}.{p}"] = t
+    for p in ("weight", "bias") if s.bias else ("weight",):
         hf[f"{dst}self_attn.o_proj.{p}"] = ours[f"{src}self_attention.linear_proj.{p}"]
         if kind != "mixtral":
             gate, up = ours[f"{src}mlp.linear_fc1.{p}"].chunk(2, dim=0)
             hf[f"{dst}mlp.gate_proj.{p}"], hf[f"{dst}mlp.up_proj.{p}"] = gate, up
             hf[f"{dst}mlp.down_proj.{p}"] = ours[f"{src}mlp.linear_fc2.{p}"]
-    if kind == "qwen2":
-        for name, t in zip(("q_proj", "k_proj", "v_proj"),
-                           _split_qkv(ours[f"{src}self_attention.linear_qkv.bias"], s),
-                           strict=True):
-            hf[f"{dst}self_attn.{name}.bias"] = t
     for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
         hf[f"{dst}self_attn.{hf_name}.weight"] = ours[f"{src}self_attention.{ours_name}.weight"]
     if kind == "mixtral":
@@ -359,17 +360,15 @@ def _gpt2_layer_back(hf: dict, src: str, dst: str, s: Shape, ours: dict) -> None
 def _llama_layer_back(hf: dict, src: str, dst: str, s: Shape, kind: str, ours: dict) -> None:
     ours[f"{dst}input_layernorm.weight"] = hf[f"{src}input_layernorm.weight"]
     ours[f"{dst}pre_mlp_layernorm.weight"] = hf[f"{src}post_attention_layernorm.weight"]
-    for p in ("weight", "bias") if s.bias else ("weight",):
+    for p in _qkv_params(s):
         ours[f"{dst}self_attention.linear_qkv.{p}"] = _join_qkv(
             *(hf[f"{src}self_attn.{n}.{p}"] for n in ("q_proj", "k_proj", "v_proj")), s)
+    for p in ("weight", "bias") if s.bias else ("weight",):
         ours[f"{dst}self_attention.linear_proj.{p}"] = hf[f"{src}self_attn.o_proj.{p}"]
         if kind != "mixtral":
             ours[f"{dst}mlp.linear_fc1.{p}"] = torch.cat(
                 [hf[f"{src}mlp.gate_proj.{p}"], hf[f"{src}mlp.up_proj.{p}"]])
             ours[f"{dst}mlp.linear_fc2.{p}"] = hf[f"{src}mlp.down_proj.{p}"]
-    if kind == "qwen2":
-        ours[f"{dst}self_attention.linear_qkv.bias"] = _join_qkv(
-            *(hf[f"{src}self_attn.{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")), s)
     for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
         ours[f"{dst}self_attention.{ours_name}.weight"] = hf[f"{src}self_attn.{hf_name}.weight"]
     if kind == "mixtral":
