@@ -327,9 +327,8 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
         c.add(layer, stage_layers[k])
-        # Block recompute: only the first N layers of each chunk run their forward again.
-        c.bwd["recompute"] -= (stage_layers[k] - r.recomputed_layers(k)) * \
-            layer.bwd["recompute"] if r.recompute == "full" else 0.0
+        if r.recompute == "full":  # block recompute: only the first N layers of each chunk
+            c.bwd["recompute"] = r.recomputed_layers(k) * layer.bwd["recompute"]
         if k == r.pp - 1:
             c.add(_logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one
