@@ -41,6 +41,13 @@ fitted to a training run. Sources:
   reaches ~35% of H100's peak, FA3 BF16 forward ~75%, backward ~55%.
 - [LAUNCH] J. Huang Lin, "From PyTorch op to kernel launch" (GPU kernel serving, lesson 18):
   per-layer CPU costs of one eager op, ~5-25 us before the kernel runs.
+- [NCCL689] S. Jeaugey (NCCL maintainer), NVIDIA/nccl issue #689 "Does NCCL Allreduce kernels
+  slowdown the computation kernels of GPU?": NCCL launches the fewest CTAs that reach the
+  platform's bandwidth, one per channel, "on DGX with 8 NICs ... it would use 16 SMs", and
+  "NCCL CTAs won't share an SM with compute kernels". Lee et al., "Characterizing
+  Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv
+  2507.03114, 2025), measure the consequence: compute overlapped with communication runs 18.9%
+  slower on average (A100, H100, MI250, MI210).
 - [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
   (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
 """
@@ -69,6 +76,9 @@ HOPPER_BF16, HOPPER_FP8, AMPERE = 0.716, 0.651, 0.824
 # cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
 # launch is ~1-3 us; we take 10 us. Not GPU-specific; it binds only where kernels are short.
 HOST_S_PER_KERNEL = 10e-6
+# SMs an NCCL collective holds while it runs beside compute ([NCCL689], the DGX figure; taken
+# for every GPU and every collective group): the compute beside it runs on the rest.
+NCCL_COMM_SMS = 16
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,14 @@ def memory_time(nbytes: float, gpu: GpuProfile) -> float:
     return nbytes / (gpu.hbm_gbps * GB * HBM_EFFICIENCY)
 
 
+def sm_contention(compute_s: float, comm_s: float, gpu: GpuProfile, sms: int) -> float:
+    """Time compute of `compute_s` (on every SM) loses to a communication kernel that holds
+    `sms` of the GPU's SMs for `comm_s` beside it: while both run the compute advances at
+    (S - c) / S, so it ends at min(compute + comm c / S, compute S / (S - c))."""
+    f = sms / gpu.sm_count
+    return min(compute_s + comm_s * f, compute_s / (1.0 - f)) - compute_s
+
+
 def tp_collective_time(kind: str, nbytes: float, p: int, link) -> float:
     """One collective of a model-parallel group of p ranks over `link` (a costmodel.Link)."""
     if p <= 1 or nbytes <= 0:

@@ -45,13 +45,20 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
-from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile, get_gpu, link_profile
+from megatron_lgs.lgs.gpus import (
+    HOST_S_PER_KERNEL,
+    NCCL_COMM_SMS,
+    GpuProfile,
+    get_gpu,
+    link_profile,
+)
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
     gemm_fwd_bwd,
     memory_time,
+    sm_contention,
     tp_collective_time,
 )
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
@@ -414,6 +421,12 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
     return out
 
 
+def _nccl_overlapped(comm_s: float, compute_s: float, gpu: GpuProfile) -> float:
+    """What an NCCL collective of `comm_s` launched beside `compute_s` of work adds to it: the
+    part that outlasts the work, and the SMs its CTAs take from the work while both run."""
+    return max(0.0, comm_s - compute_s) + sm_contention(compute_s, comm_s, gpu, NCCL_COMM_SMS)
+
+
 def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost], float, int]:
     """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage
     (`hw` None: the links of `r`'s GPU and NIC).
@@ -432,12 +445,12 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
             # them (the replay adds the last one's tail), overlapped with that backward.
             rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
             fwd_s, bwd_s = c.fwd_s, c.bwd_s
-            c.bwd["dp_grad_sync"] = max(0.0, rs - bwd_s)
+            c.bwd["dp_grad_sync"] = _nccl_overlapped(rs, bwd_s, gpu)
             if r.zero >= 3:
                 # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
                 ag = _gather_time(w, hw, numel)
-                c.fwd["param_all_gather"] = max(0.0, ag - fwd_s)
-                c.bwd["param_all_gather"] = max(0.0, ag - bwd_s)
+                c.fwd["param_all_gather"] = _nccl_overlapped(ag, fwd_s, gpu)
+                c.bwd["param_all_gather"] = _nccl_overlapped(ag, bwd_s, gpu)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
@@ -476,7 +489,10 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
                   compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
                   vpp=r.vpp if megatron_ddp or lgs else 1)
-    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
+    # The replay's buckets that finish before the end of compute ran beside it on NCCL's SMs.
+    hidden = max(0.0, sync.comm_s - sync.exposed_comm_s)
+    contention = sm_contention(hidden, hidden, gpu, NCCL_COMM_SMS)
+    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end) + contention
     after = 0.0
     for k, n in enumerate(numel):
         shard = n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
@@ -485,12 +501,14 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
         buf = memory_time(step_bytes(r, shard if r.zero >= 2 else n[DENSE] + n[EXPERT]), gpu)
         gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
         if r.overlap_param_gather:
-            gather = _gather_exposed(r, w, k, gather, costs[k].fwd_s)
+            exposed = _gather_exposed(r, w, k, gather, costs[k].fwd_s)
+            hidden = gather - exposed
+            gather = exposed + sm_contention(hidden, hidden, gpu, NCCL_COMM_SMS)
         if opt + buf + gather >= after:
             after, tail = opt + buf + gather, (opt, buf, gather)
     breakdown["optimizer"] = tail[0]
     breakdown["grad_buffer"] += tail[1]
     breakdown["param_all_gather"] += tail[2]
-    step = sync.step_time_s + after
+    step = sync.step_time_s + contention + after
     mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

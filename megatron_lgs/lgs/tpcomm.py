@@ -18,7 +18,8 @@ reduce-scatters and all-reduces stay BF16):
   row-parallel output gradient is all-gathered first (blocking, `grad_output_preprocess`),
   and each column-parallel layer all-gathers its saved input for the weight gradient beside
   the data-gradient GEMM and reduce-scatters the input gradient beside the weight-gradient
-  GEMM (`async_op=True` in TE 1.8), so a layer has 4 collectives forward and 6 backward;
+  GEMM (`async_op=True` in TE 1.8), so a layer has 4 collectives forward and 6 backward; an
+  asynchronous NCCL collective beside a GEMM holds `gpus.NCCL_COMM_SMS` SMs while both run;
 - with `tp_comm_overlap` (TE 1.8's userbuffers, `initialize_ub` defaults, the version of
   Megatron-Core r0.8): the column forward's all-gather and the row data gradient's all-gather
   are ring exchanges, one GEMM chunk per TP rank, so the first chunk runs on local data and
@@ -33,8 +34,8 @@ Every time is a prediction.
 from __future__ import annotations
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
-from megatron_lgs.lgs.gpus import GpuProfile
-from megatron_lgs.lgs.kernels import gemm_time, tp_collective_time
+from megatron_lgs.lgs.gpus import NCCL_COMM_SMS, GpuProfile
+from megatron_lgs.lgs.kernels import gemm_time, sm_contention, tp_collective_time
 from megatron_lgs.lgs.runspec import Run
 
 # TE 1.8 `initialize_ub`: pipelined reduce-scatter splits; its userbuffers kernels for the
@@ -71,16 +72,14 @@ def tp_gemm(r: Run, m: float, n: float, k: float, gpu: GpuProfile, column: bool
     return fwd, dgrad + wgrad
 
 
-def sm_contention(gemm_s: float, comm_s: float, gpu: GpuProfile) -> float:
-    """Time a GEMM of `gemm_s` (on every SM) loses to a communication kernel that holds
-    UB_COMM_SMS of the GPU's SMs for `comm_s` beside it: while both run the GEMM advances at
-    (S - c) / S, so it ends at min(gemm + comm c / S, gemm S / (S - c))."""
-    f = UB_COMM_SMS / gpu.sm_count
-    return min(gemm_s + comm_s * f, gemm_s / (1.0 - f)) - gemm_s
-
-
 def _beside(comm_s: float, gemm_s: float) -> float:
     return max(0.0, comm_s - gemm_s)
+
+
+def _nccl_beside(comm_s: float, gemm_s: float, gpu: GpuProfile) -> float:
+    """An asynchronous NCCL collective beside a GEMM: what it adds beyond the GEMM, plus the
+    SMs its CTAs hold while both run."""
+    return _beside(comm_s, gemm_s) + sm_contention(gemm_s, comm_s, gpu, NCCL_COMM_SMS)
 
 
 def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
@@ -96,7 +95,7 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
         ar = tp_collective_time("all_reduce", nbytes, r.tp, link)
         fwd = ar * len(row)
         if r.tp_async_backward:
-            bwd = sum(_beside(ar, w) for _, _, w in column)
+            bwd = sum(_nccl_beside(ar, w, gpu) for _, _, w in column)
         else:
             bwd = ar * len(column)
         return fwd, bwd
@@ -104,16 +103,18 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
     rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
     if not r.tp_comm_overlap:
         fwd = ag * len(column) + rs * len(row)
-        bwd = ag * len(row) + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
+        bwd = ag * len(row) + sum(_nccl_beside(ag, d, gpu) + _nccl_beside(rs, w, gpu)
+                                  for _, d, w in column)
         return fwd, bwd
     hidden = (r.tp - 1) / r.tp  # ring exchange: all chunks but the first hide the exchange
     s = UB_PIPELINE_SPLITS
     fwd = (sum(_beside(ag, f * hidden) for f, _, _ in column)
            + sum(rs / s + (s - 1) / s * _beside(rs, f) for f, _, _ in row)
-           + sum(sm_contention(f, rs, gpu) for f, _, _ in row))
+           + sum(sm_contention(f, rs, gpu, UB_COMM_SMS) for f, _, _ in row))
     bwd = (sum(_beside(ag, d * hidden) for _, d, _ in row)
            + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
-           + sum(sm_contention(d, ag, gpu) + sm_contention(w, rs, gpu) for _, d, w in column))
+           + sum(sm_contention(d, ag, gpu, UB_COMM_SMS) + sm_contention(w, rs, gpu, UB_COMM_SMS)
+                 for _, d, w in column))
     return fwd, bwd
 
 

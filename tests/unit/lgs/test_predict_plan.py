@@ -225,7 +225,7 @@ def test_published_rows_cite_and_validate() -> None:
         # These layouts ran: the memory model must not call them out of memory.
         if row.get("micro_batch") != "not published":
             assert predict_run(run).fits_memory, run.id
-    # What plan_run's Hopper header says: every H100 row predicted faster, median ~24%.
+    # What plan_run's Hopper header says: every H100 row predicted faster, median ~23%.
     h100 = [predicted(row)[0] / row["published"] - 1 for row in rows
             if row["run"]["gpu"] == "h100-sxm"]
     assert len(h100) >= 20 and min(h100) > 0

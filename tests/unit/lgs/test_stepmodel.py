@@ -152,15 +152,19 @@ def test_tp_comm_term_by_hand() -> None:
     tok, h = 2048, 4096
     qkv = tp_gemm_parts(r, tok, 3 * h / 4, h, A100, column=True)
     fc1 = tp_gemm_parts(r, tok, 4 * h / 4, h, A100, column=True)
-    beside = sum(max(0.0, ag - d) + max(0.0, rs - w) for _, d, w in (qkv, fc1))
+    # NCCL's 16 CTAs hold 16 of the A100's 108 SMs beside each GEMM [NCCL689].
+    def nccl(comm, gemm):
+        return max(0.0, comm - gemm) + min(comm * 16 / 108, gemm * 16 / 92)
+
+    beside = sum(nccl(ag, d) + nccl(rs, w) for _, d, w in (qkv, fc1))
     assert c.bwd["tp_comm"] == pytest.approx(2 * ag + beside)
+    assert beside > sum(max(0.0, ag - d) + max(0.0, rs - w) for _, d, w in (qkv, fc1))
     # Without SP: 2 all-reduces forward, the 2 column input-gradient ones beside the weight
     # gradients backward; blocking as in 2021's Megatron-LM with tp_async_backward false.
     ar = ring_allreduce_time(nbytes, 4, hw.intra)
     nosp = layer_cost(replace(r, sequence_parallel=False), A100, hw)
     assert nosp.fwd["tp_comm"] == pytest.approx(2 * ar)
-    assert nosp.bwd["tp_comm"] == pytest.approx(
-        sum(max(0.0, ar - w) for _, _, w in (qkv, fc1)))
+    assert nosp.bwd["tp_comm"] == pytest.approx(sum(nccl(ar, w) for _, _, w in (qkv, fc1)))
     old = layer_cost(replace(r, sequence_parallel=False, tp_async_backward=False), A100, hw)
     assert old.bwd["tp_comm"] == pytest.approx(2 * ar)
     # Across nodes the ring runs on the NIC.
@@ -264,9 +268,12 @@ def test_sync_gather_optimizer_terms_by_hand() -> None:
     r = run(distributed_optimizer=True, overlap_param_gather=False)
     est = predict_run(r)
     w = sync_workload(r, link_profile(A100))
-    # The gradient sync is what the LGS replay exposes beyond the end of compute.
-    assert est.breakdown["dp_grad_sync"] == pytest.approx(
-        max(0.0, est.sync.step_time_s - est.sync.compute_end_s))
+    # The gradient sync is what the LGS replay exposes beyond the end of compute, plus the
+    # 16 SMs its NCCL kernels take from the compute they hide behind [NCCL689].
+    exposed = est.sync.step_time_s - est.sync.compute_end_s
+    hidden = est.sync.comm_s - exposed
+    assert hidden > 0
+    assert est.breakdown["dp_grad_sync"] == pytest.approx(exposed + hidden * 16 / 108)
     dense = max(stage_params(r))[0]
     g, m = w.layout.group_shape("dense")  # TP4: 2 DP ranks per node x 4 nodes
     assert (g, m) == (2, 4)
@@ -277,6 +284,16 @@ def test_sync_gather_optimizer_terms_by_hand() -> None:
     assert est.breakdown["param_all_gather"] == pytest.approx(gather, rel=1e-6)
     assert est.breakdown["optimizer"] == pytest.approx(opt, rel=1e-6)
     assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+    # Overlapped with the next forward (PP1: behind the first micro-batch's whole forward), the
+    # gather exposes what outlasts it and takes 16 SMs from it while both run.
+    one = replace(r, pp=1, num_gpus=32, overlap_param_gather=True)
+    fwd = compute_phase(one)[0][0].fwd_s
+    assert sync_workload(one, hw).layout.group_shape("dense") == (g, m)
+    n1 = stage_params(one)[0][0] * 2
+    gather1 = all_gather_time(n1, g, hw.intra) + all_gather_time(n1 / g, m, hw.inter)
+    assert gather1 > fwd
+    assert predict_run(one).breakdown["param_all_gather"] == pytest.approx(
+        gather1 - fwd + fwd * 16 / 108, rel=1e-6)
     no_overlap = predict_run(replace(r, overlap_grad_reduce=False))
     assert no_overlap.breakdown["dp_grad_sync"] > est.breakdown["dp_grad_sync"]
     # BF16 gradients (grad_reduce_in_fp32 off) halve the bytes the replay reduces.
@@ -411,7 +428,8 @@ def test_zero3_gathers_per_micro_batch() -> None:
     dense = stage_params(r)[0][0]
     ag = all_gather_time(dense * 2, 8, hw.intra) + all_gather_time(dense * 2 / 8, 2, hw.inter)
     fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
-    assert costs[0].fwd["param_all_gather"] == pytest.approx(max(0.0, ag - fwd))
+    assert costs[0].fwd["param_all_gather"] == pytest.approx(
+        max(0.0, ag - fwd) + min(ag * 16 / 108, fwd * 16 / 92))
     assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
 
 

@@ -10,9 +10,10 @@ import pytest
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
+from megatron_lgs.lgs.kernels import sm_contention
 from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.stepmodel import layer_cost, predict_run, stage_costs, stage_params
-from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, sm_contention, tp_gemm_parts
+from megatron_lgs.lgs.tpcomm import UB_COMM_SMS, UB_PIPELINE_SPLITS, tp_gemm_parts
 
 H100 = get_gpu("h100-sxm")
 A100 = get_gpu("a100-80gb")
@@ -27,10 +28,11 @@ def run(**kw):
 
 def test_sm_contention_by_hand() -> None:
     # 16 of 132 SMs busy for 1 ms beside a 4 ms GEMM: it loses 16/132 of that millisecond.
-    assert sm_contention(4e-3, 1e-3, H100) == pytest.approx(1e-3 * 16 / 132)
+    assert sm_contention(4e-3, 1e-3, H100, 16) == pytest.approx(1e-3 * 16 / 132)
     # A comm kernel outlasting the GEMM slows all of it to 116/132 of its rate.
-    assert sm_contention(1e-3, 5e-3, H100) == pytest.approx(1e-3 * 132 / 116 - 1e-3)
-    assert sm_contention(1e-3, 5e-3, A100) == pytest.approx(1e-3 * 108 / 92 - 1e-3)
+    assert sm_contention(1e-3, 5e-3, H100, 16) == pytest.approx(1e-3 * 132 / 116 - 1e-3)
+    assert sm_contention(1e-3, 5e-3, A100, 16) == pytest.approx(1e-3 * 108 / 92 - 1e-3)
+    assert sm_contention(1e-3, 5e-3, A100, 8) == pytest.approx(1e-3 * 108 / 100 - 1e-3)
 
 
 def test_layer_tp_comm_with_te_overlap_by_hand() -> None:
@@ -49,13 +51,13 @@ def test_layer_tp_comm_with_te_overlap_by_hand() -> None:
     # kernels' 16 SMs slow the row-parallel GEMMs.
     fwd = (sum(max(0.0, ag - p[0] * 7 / 8) for p in (qkv, fc1))
            + sum(rs / s + (s - 1) / s * max(0.0, rs - p[0]) for p in (proj, fc2))
-           + sum(sm_contention(p[0], rs, H100) for p in (proj, fc2)))
+           + sum(sm_contention(p[0], rs, H100, UB_COMM_SMS) for p in (proj, fc2)))
     # Backward: the row data gradients' ring exchanges, the column bulk all-gather beside the
     # data gradient and reduce-scatter beside the weight gradient (with their 16 SMs).
     bwd = (sum(max(0.0, ag - p[1] * 7 / 8) for p in (proj, fc2))
            + sum(max(0.0, ag - p[1]) + max(0.0, rs - p[2]) for p in (qkv, fc1))
-           + sum(sm_contention(p[1], ag, H100) + sm_contention(p[2], rs, H100)
-                 for p in (qkv, fc1)))
+           + sum(sm_contention(p[1], ag, H100, UB_COMM_SMS)
+                 + sm_contention(p[2], rs, H100, UB_COMM_SMS) for p in (qkv, fc1)))
     c = layer_cost(r, H100, hw)
     assert c.fwd["gemm"] == pytest.approx(sum(p[0] for p in (qkv, proj, fc1, fc2)))
     assert c.fwd["tp_comm"] == pytest.approx(fwd) and c.bwd["tp_comm"] == pytest.approx(bwd)
