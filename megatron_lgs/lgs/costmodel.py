@@ -42,9 +42,10 @@ class HardwareProfile:
     # A measured profile's `peak_flops` is the FLOP rate its probe achieved, so the fraction of
     # it a run reaches is 1.0; None: a data-sheet peak, scaled by the workload's efficiency.
     efficiency: float | None = None
-    # Fraction of communication time that runs beside the backward without slowing it: 1 on
-    # GPUs (NCCL on its own stream; the model's original assumption), measured by the probe
-    # where compute and communication share cores (gloo on a CPU): 0 means they take turns.
+    # Fraction of communication time that runs beside the backward without slowing it: on a
+    # built-in GPU the share of SMs NCCL's CTAs leave to compute (`gpus.link_profile`), 1 on a
+    # custom profile, measured by the probe where compute and communication share cores (gloo
+    # on a CPU): 0 means they take turns.
     # `overlap` is the inter-node hop's; `intra_overlap` the intra-node hop's (None: the same),
     # which differ where one level waits on a wire and the other is CPU work (loopback).
     overlap: float = 1.0

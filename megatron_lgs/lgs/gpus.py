@@ -158,7 +158,9 @@ def link_profile(gpu: GpuProfile, gpus_per_node: int = 8, nic_gbit_per_gpu: floa
         gpus_per_node=gpus_per_node,
         peak_flops=gpu.peak_tflops * 1e12,
         memory_bytes=gpu.memory_gb * GB,
-        source="megatron_lgs/lgs/gpus.py (data sheets, [MSMF], [POWER], [REF], [DSV3])",
+        source="megatron_lgs/lgs/gpus.py (data sheets, [MSMF], [POWER], [REF], [DSV3], [NCCL689])",
+        # The backward beside a reduction runs on the SMs NCCL's CTAs leave it.
+        overlap=1.0 - NCCL_COMM_SMS / gpu.sm_count,
         gpu=gpu.name,
     )
 

@@ -489,10 +489,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
                   compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
                   vpp=r.vpp if megatron_ddp or lgs else 1)
-    # The replay's buckets that finish before the end of compute ran beside it on NCCL's SMs.
-    hidden = max(0.0, sync.comm_s - sync.exposed_comm_s)
-    contention = sm_contention(hidden, hidden, gpu, NCCL_COMM_SMS)
-    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end) + contention
+    breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     after = 0.0
     for k, n in enumerate(numel):
         shard = n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
@@ -509,6 +506,6 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     breakdown["optimizer"] = tail[0]
     breakdown["grad_buffer"] += tail[1]
     breakdown["param_all_gather"] += tail[2]
-    step = sync.step_time_s + contention + after
+    step = sync.step_time_s + after
     mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

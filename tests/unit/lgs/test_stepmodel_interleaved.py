@@ -56,7 +56,7 @@ def test_each_chunk_syncs_after_its_last_backward_by_hand() -> None:
     s0 = pred.stages[0]
     g, m = w.layout.group_shape("dense")
     step = tb[0] / 4
-    free = 0.0
+    free = beside = 0.0
     for i, c in enumerate(chunk_backward(w.model, w.layout, 0, 4)):
         chunk = 3 - i
         ready = end - chunk * 2 * step
@@ -64,10 +64,13 @@ def test_each_chunk_syncs_after_its_last_backward_by_hand() -> None:
         cost = hierarchical_allreduce(nbytes, g, m, hw, ONE_BUCKET.inter_bytes, all_gather=False)
         start = max(ready, free)
         free = start + cost.intra_s + cost.inter_s
+        beside += max(0.0, min(free, end) - start)
         bucket = s0.buckets[i]
         assert bucket.ready_s == pytest.approx(ready)
         assert bucket.end_s == pytest.approx(free)
-    assert s0.synced_s == pytest.approx(max(end, free))
+    # The backward beside each reduction runs on the 116 of 132 SMs NCCL leaves it.
+    assert beside > 0
+    assert s0.synced_s == pytest.approx(max(end, free) + beside * 16 / 132)
     # Stage 1's final backward ends tb_0 / vpp before the step's compute does.
     assert pred.stages[1].backward_end_s == pytest.approx(end - tb[0] / 4)
 
