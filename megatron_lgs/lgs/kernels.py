@@ -6,7 +6,7 @@ groups. Constants come from the profile (`gpus`); every time is a prediction.
 from __future__ import annotations
 
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
-from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, GpuProfile
+from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, NCCL_COMM_SMS, GpuProfile
 
 GB = 1e9
 
@@ -78,6 +78,12 @@ def sm_contention(compute_s: float, comm_s: float, gpu: GpuProfile, sms: int) ->
     (S - c) / S, so it ends at min(compute + comm c / S, compute S / (S - c))."""
     f = sms / gpu.sm_count
     return min(compute_s + comm_s * f, compute_s / (1.0 - f)) - compute_s
+
+
+def nccl_beside(comm_s: float, compute_s: float, gpu: GpuProfile) -> float:
+    """What an NCCL collective of `comm_s` launched beside `compute_s` of work adds to it: the
+    part that outlasts the work, and the SMs its CTAs take from the work while both run."""
+    return max(0.0, comm_s - compute_s) + sm_contention(compute_s, comm_s, gpu, NCCL_COMM_SMS)
 
 
 def tp_collective_time(kind: str, nbytes: float, p: int, link) -> float:

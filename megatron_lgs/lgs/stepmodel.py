@@ -58,6 +58,7 @@ from megatron_lgs.lgs.kernels import (
     flash_attention_time,
     gemm_fwd_bwd,
     memory_time,
+    nccl_beside,
     sm_contention,
     tp_collective_time,
 )
@@ -421,12 +422,6 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
     return out
 
 
-def _nccl_overlapped(comm_s: float, compute_s: float, gpu: GpuProfile) -> float:
-    """What an NCCL collective of `comm_s` launched beside `compute_s` of work adds to it: the
-    part that outlasts the work, and the SMs its CTAs take from the work while both run."""
-    return max(0.0, comm_s - compute_s) + sm_contention(compute_s, comm_s, gpu, NCCL_COMM_SMS)
-
-
 def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost], float, int]:
     """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage
     (`hw` None: the links of `r`'s GPU and NIC).
@@ -445,12 +440,12 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
             # them (the replay adds the last one's tail), overlapped with that backward.
             rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
             fwd_s, bwd_s = c.fwd_s, c.bwd_s
-            c.bwd["dp_grad_sync"] = _nccl_overlapped(rs, bwd_s, gpu)
+            c.bwd["dp_grad_sync"] = nccl_beside(rs, bwd_s, gpu)
             if r.zero >= 3:
                 # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
                 ag = _gather_time(w, hw, numel)
-                c.fwd["param_all_gather"] = _nccl_overlapped(ag, fwd_s, gpu)
-                c.bwd["param_all_gather"] = _nccl_overlapped(ag, bwd_s, gpu)
+                c.fwd["param_all_gather"] = nccl_beside(ag, fwd_s, gpu)
+                c.bwd["param_all_gather"] = nccl_beside(ag, bwd_s, gpu)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp

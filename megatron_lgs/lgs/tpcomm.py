@@ -34,8 +34,8 @@ Every time is a prediction.
 from __future__ import annotations
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
-from megatron_lgs.lgs.gpus import NCCL_COMM_SMS, GpuProfile
-from megatron_lgs.lgs.kernels import gemm_time, sm_contention, tp_collective_time
+from megatron_lgs.lgs.gpus import GpuProfile
+from megatron_lgs.lgs.kernels import gemm_time, nccl_beside, sm_contention, tp_collective_time
 from megatron_lgs.lgs.runspec import Run
 
 # TE 1.8 `initialize_ub`: pipelined reduce-scatter splits; its userbuffers kernels for the
@@ -76,12 +76,6 @@ def _beside(comm_s: float, gemm_s: float) -> float:
     return max(0.0, comm_s - gemm_s)
 
 
-def _nccl_beside(comm_s: float, gemm_s: float, gpu: GpuProfile) -> float:
-    """An asynchronous NCCL collective beside a GEMM: what it adds beyond the GEMM, plus the
-    SMs its CTAs hold while both run."""
-    return _beside(comm_s, gemm_s) + sm_contention(gemm_s, comm_s, gpu, NCCL_COMM_SMS)
-
-
 def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
                     column: list[Parts], row: list[Parts]) -> tuple[float, float]:
     """(forward, backward) TP communication time on the layer's critical path: what each
@@ -95,7 +89,7 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
         ar = tp_collective_time("all_reduce", nbytes, r.tp, link)
         fwd = ar * len(row)
         if r.tp_async_backward:
-            bwd = sum(_nccl_beside(ar, w, gpu) for _, _, w in column)
+            bwd = sum(nccl_beside(ar, w, gpu) for _, _, w in column)
         else:
             bwd = ar * len(column)
         return fwd, bwd
@@ -103,7 +97,7 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
     rs = tp_collective_time("reduce_scatter", nbytes, r.tp, link)
     if not r.tp_comm_overlap:
         fwd = ag * len(column) + rs * len(row)
-        bwd = ag * len(row) + sum(_nccl_beside(ag, d, gpu) + _nccl_beside(rs, w, gpu)
+        bwd = ag * len(row) + sum(nccl_beside(ag, d, gpu) + nccl_beside(rs, w, gpu)
                                   for _, d, w in column)
         return fwd, bwd
     hidden = (r.tp - 1) / r.tp  # ring exchange: all chunks but the first hide the exchange
