@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--position-embedding-type", m.position_embedding_type,
          choices=["learned_absolute", "rope"])
     _add(g, "--rotary-base", m.rotary_base, help="RoPE's base period (theta)")
+    _add(g, "--use-rope-scaling", m.use_rope_scaling,
+         help="scale RoPE's low frequencies as Llama 3.1 does")
+    _add(g, "--rope-scaling-factor", m.rope_scaling_factor,
+         help="the factor of --use-rope-scaling")
     _add(g, "--normalization", m.normalization, choices=["LayerNorm", "RMSNorm"])
     _add(g, "--norm-epsilon", m.norm_epsilon, help="epsilon of every LayerNorm/RMSNorm")
     _add(g, "--qk-layernorm", m.qk_layernorm, help="normalize each query and key head")

@@ -201,6 +201,8 @@ def build_model(cfg: Config, platform: Platform, vocab_size: int,
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
         rotary_base=cfg.model.rotary_base,
+        rope_scaling=cfg.model.use_rope_scaling,
+        rope_scaling_factor=cfg.model.rope_scaling_factor,
         vp_stage=vp_stage,
     )
     initialize_layout_independent(model, config, cfg.training.seed)

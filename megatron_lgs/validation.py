@@ -53,6 +53,14 @@ def validate(cfg: Config) -> None:
     if m.rotary_base != ModelConfig.rotary_base and m.position_embedding_type != "rope":
         raise ConfigError("--rotary-base sets RoPE's period: it needs --position-embedding-type "
                           "rope")
+    if m.use_rope_scaling and m.position_embedding_type != "rope":
+        raise ConfigError("--use-rope-scaling scales RoPE's frequencies: it needs "
+                          "--position-embedding-type rope")
+    if m.rope_scaling_factor != ModelConfig.rope_scaling_factor and not m.use_rope_scaling:
+        raise ConfigError("--rope-scaling-factor is the factor of --use-rope-scaling: give both")
+    if not m.rope_scaling_factor >= 1:
+        raise ConfigError(f"--rope-scaling-factor must be at least 1, got "
+                          f"{m.rope_scaling_factor}")
     if m.kv_channels is not None and m.kv_channels < 1:
         raise ConfigError(f"--kv-channels must be at least 1, got {m.kv_channels}")
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:

@@ -5,10 +5,12 @@
     RoPE + RMSNorm + SwiGLU (biases or none)  LlamaForCausalLM   (GQA, tied or untied)
     the same with Q/K/V biases only           Qwen2ForCausalLM
     the same with query/key norms, no biases  Qwen3ForCausalLM
-    the same with MoE experts, no biases      MixtralForCausalLM (softmax top-k router)
+    the Llama row with MoE experts, no biases MixtralForCausalLM (softmax top-k router)
+    the Qwen3 row with MoE experts            Qwen3MoeForCausalLM (top-k renormalized)
 
 Heads of any width (--kv-channels, transformers' head_dim; not GPT-2), any RoPE period
-(--rotary-base, rope_theta) and norm epsilon (--norm-epsilon) map both ways.
+(--rotary-base, rope_theta), Llama 3.1's RoPE scaling (--use-rope-scaling and its factor,
+rope_type "llama3") and norm epsilon (--norm-epsilon) map both ways.
 
 Everything else has no faithful target and is refused in one line (see `refusal`): the model
 would compute something else in `transformers`. Names are megatron's at TP = 1 (see
@@ -31,15 +33,23 @@ from transformers import (
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.run_config import ModelConfig
 
+# megatron-core's Llama 3.1 RoPE scaling (`RotaryEmbedding._apply_scaling`, 0.16) fixes all its
+# parameters but the factor; an HF config with other values would rotate differently.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
 MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
           "Llama (RoPE + RMSNorm + SwiGLU), Qwen2 (Llama's with Q/K/V biases only), "
           "Qwen3 (Llama's with query/key norms, no biases), "
-          "Mixtral (Llama's with MoE experts, no biases)")
+          "Mixtral (Llama's with MoE experts, no biases), Qwen3-MoE (Qwen3's with MoE experts)")
+# Families whose layers carry per-head query/key norms, and whose MLPs are experts.
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,8 @@ def shape_of(m: ModelConfig, vocab: int) -> Shape:
 
 
 def family(m: ModelConfig) -> str:
-    """gpt2 | llama | qwen2 | qwen3 | mixtral, or ConvertError naming the option that has no
-    target."""
+    """gpt2 | llama | qwen2 | qwen3 | mixtral | qwen3_moe, or ConvertError naming the option that
+    has no target."""
     rope, rms, swiglu = (m.position_embedding_type == "rope", m.normalization == "RMSNorm",
                          m.swiglu)
     gqa = m.group_query_attention and m.num_query_groups not in (None, m.num_attention_heads)
@@ -82,12 +92,6 @@ def family(m: ModelConfig) -> str:
                                "needs RoPE, RMSNorm, SwiGLU, no other biases, no experts and no "
                                "query/key norms; this model has " + _describe(m))
         return "qwen2"
-    if m.qk_layernorm:
-        if not llama_like:
-            raise ConvertError("cannot export: query/key norms map onto Qwen3 only, which needs "
-                               "RoPE, RMSNorm, SwiGLU, no linear biases and no experts; this "
-                               "model has " + _describe(m))
-        return "qwen3"
     if m.num_experts:
         if m.moe_expert_capacity_factor is not None:
             raise ConvertError("cannot export: --moe-expert-capacity-factor drops tokens in the "
@@ -95,6 +99,13 @@ def family(m: ModelConfig) -> str:
         if m.moe_router_load_balancing_type == "sinkhorn":
             raise ConvertError("cannot export: the sinkhorn router scores experts with a "
                                "sigmoid at inference; Mixtral's router is a softmax top-k")
+    if m.qk_layernorm:
+        if not (rope and rms and swiglu and not m.add_bias_linear):
+            raise ConvertError("cannot export: query/key norms map onto Qwen3 and Qwen3-MoE "
+                               "only, which need RoPE, RMSNorm, SwiGLU and no linear biases; "
+                               "this model has " + _describe(m))
+        return "qwen3_moe" if m.num_experts else "qwen3"
+    if m.num_experts:
         if not (rope and rms and swiglu and not m.add_bias_linear):
             raise ConvertError("cannot export: MoE maps onto Mixtral, which needs RoPE, RMSNorm, "
                                "SwiGLU experts and no linear biases; this model has "
@@ -122,6 +133,14 @@ def _describe(m: ModelConfig) -> str:
             f"{' + MoE experts' if m.num_experts else ''}")
 
 
+def _rope_parameters(m: ModelConfig) -> dict:
+    theta = {"rope_theta": float(m.rotary_base)}
+    if not m.use_rope_scaling:
+        return {"rope_type": "default", **theta}
+    return {"rope_type": "llama3", **theta, "factor": float(m.rope_scaling_factor),
+            **LLAMA3_ROPE}
+
+
 def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> PretrainedConfig:
     s, kind = shape_of(m, vocab), family(m)
     max_positions = m.max_position_embeddings or m.seq_length
@@ -136,14 +155,21 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
                  num_attention_heads=s.heads, num_key_value_heads=s.groups, head_dim=s.head_dim,
                  hidden_act="silu", max_position_embeddings=max_positions,
                  rms_norm_eps=m.norm_epsilon,
-                 rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
-                 attention_dropout=0.0, **common)
+                 rope_parameters=_rope_parameters(m), attention_dropout=0.0, **common)
     if kind == "llama":
         return LlamaConfig(attention_bias=s.bias, mlp_bias=s.bias, **llama)
     if kind == "qwen2":
         return Qwen2Config(use_sliding_window=False, **llama)
     if kind == "qwen3":
         return Qwen3Config(attention_bias=False, use_sliding_window=False, **llama)
+    if kind == "qwen3_moe":
+        # megatron-core's router takes the softmax over the top-k logits: Qwen3-MoE's softmax
+        # over all experts with the top k renormalized (norm_topk_prob). Every layer is sparse.
+        return Qwen3MoeConfig(num_experts=s.experts, num_experts_per_tok=m.moe_router_topk,
+                              moe_intermediate_size=s.ffn, norm_topk_prob=True,
+                              decoder_sparse_step=1, mlp_only_layers=[],
+                              router_aux_loss_coef=m.moe_aux_loss_coeff, attention_bias=False,
+                              use_sliding_window=False, **llama)
     return MixtralConfig(num_local_experts=s.experts, num_experts_per_tok=m.moe_router_topk,
                          router_aux_loss_coef=m.moe_aux_loss_coeff, router_jitter_noise=0.0,
                          sliding_window=None, **llama)
@@ -231,13 +257,13 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
             hf[f"{dst}self_attn.{name}.{p}"] = t
     for p in ("weight", "bias") if s.bias else ("weight",):
         hf[f"{dst}self_attn.o_proj.{p}"] = ours[f"{src}self_attention.linear_proj.{p}"]
-        if kind != "mixtral":
+        if not s.experts:
             gate, up = ours[f"{src}mlp.linear_fc1.{p}"].chunk(2, dim=0)
             hf[f"{dst}mlp.gate_proj.{p}"], hf[f"{dst}mlp.up_proj.{p}"] = gate, up
             hf[f"{dst}mlp.down_proj.{p}"] = ours[f"{src}mlp.linear_fc2.{p}"]
-    for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
+    for ours_name, hf_name in _QK_NORMS if kind in QK_NORM_FAMILIES else ():
         hf[f"{dst}self_attn.{hf_name}.weight"] = ours[f"{src}self_attention.{ours_name}.weight"]
-    if kind == "mixtral":
+    if s.experts:
         experts = f"{src}mlp.experts.local_experts."
         hf[f"{dst}mlp.gate.weight"] = ours[f"{src}mlp.router.weight"]
         hf[f"{dst}mlp.experts.gate_up_proj"] = torch.stack(
@@ -251,7 +277,7 @@ def _llama_layer(ours: dict, src: str, dst: str, s: Shape, kind: str, hf: dict) 
 def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     """Our model flags for a transformers config, or ConvertError for what we cannot express."""
     kind = config.model_type
-    if kind not in ("gpt2", "llama", "qwen2", "qwen3", "mixtral"):
+    if kind not in ("gpt2", "llama", "qwen2", *QK_NORM_FAMILIES, *MOE_FAMILIES):
         archs = ", ".join(getattr(config, "architectures", None) or [kind])
         raise ConvertError(f"cannot import {archs}: model type {kind!r} has no megatron-lgs "
                            f"mapping; mapped are {MAPPED}")
@@ -269,23 +295,34 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     c = config
     rope = c.rope_parameters or {}
     theta = float(rope.get("rope_theta", ModelConfig.rotary_base))
-    _require(rope.get("rope_type", "default") == "default" and theta.is_integer(), kind,
-             f"rope parameters {dict(rope)} (the trainer's RoPE has no scaling, and its "
-             "--rotary-base is an integer)")
+    scaled = rope.get("rope_type", "default") == "llama3"
+    _require(rope.get("rope_type", "default") in ("default", "llama3") and theta.is_integer()
+             and (not scaled or all(float(rope.get(k, -1)) == v for k, v in LLAMA3_ROPE.items())),
+             kind, f"rope parameters {dict(rope)} (the trainer's RoPE is unscaled or scaled as "
+             f"Llama 3.1's with {LLAMA3_ROPE}, and its --rotary-base is an integer)")
     _require(c.hidden_act == "silu", kind, f"hidden_act {c.hidden_act!r} (SwiGLU needs 'silu')")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     bias = bool(getattr(c, "attention_bias", False))
     _require(bias == bool(getattr(c, "mlp_bias", bias)), kind,
              "attention_bias != mlp_bias (the trainer's biases are all or none)")
-    if kind == "qwen3":
+    if kind in QK_NORM_FAMILIES:
         _require(not bias, kind, "attention biases (Qwen3's MLP has none; the trainer's biases "
                  "are all or none)")
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", *QK_NORM_FAMILIES):
         _require(not c.use_sliding_window, kind, "a sliding window")
+    if kind == "qwen3_moe":
+        _require(c.norm_topk_prob, kind, "norm_topk_prob false (megatron-core's router "
+                 "renormalizes the top-k probabilities)")
+        _require(c.decoder_sparse_step == 1 and not c.mlp_only_layers, kind,
+                 "dense MLP layers between the sparse ones (decoder_sparse_step, "
+                 "mlp_only_layers)")
     if kind == "mixtral":
         _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
         _require(getattr(c, "sliding_window", None) is None, kind, "a sliding window")
-    groups, moe = c.num_key_value_heads, kind == "mixtral"
+    groups, moe = c.num_key_value_heads, kind in MOE_FAMILIES
+    experts, expert_ffn = ((c.num_local_experts, c.intermediate_size) if kind == "mixtral" else
+                           (getattr(c, "num_experts", None), getattr(c, "moe_intermediate_size",
+                                                                     None)))
     return ModelConfig(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
         ffn_hidden_size=None if moe else _ffn(c.intermediate_size, c.hidden_size),
@@ -294,15 +331,17 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         num_query_groups=groups if groups != c.num_attention_heads else None,
         kv_channels=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         seq_length=c.max_position_embeddings,
-        position_embedding_type="rope", rotary_base=int(theta), normalization="RMSNorm",
-        norm_epsilon=c.rms_norm_eps, qk_layernorm=kind == "qwen3", swiglu=True,
+        position_embedding_type="rope", rotary_base=int(theta), use_rope_scaling=scaled,
+        rope_scaling_factor=float(rope["factor"]) if scaled else ModelConfig.rope_scaling_factor,
+        normalization="RMSNorm",
+        norm_epsilon=c.rms_norm_eps, qk_layernorm=kind in QK_NORM_FAMILIES, swiglu=True,
         add_qkv_bias=kind == "qwen2",
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
-        num_experts=c.num_local_experts if kind == "mixtral" else None,
-        moe_ffn_hidden_size=_ffn(c.intermediate_size, c.hidden_size) if moe else None,
-        moe_router_topk=c.num_experts_per_tok if kind == "mixtral" else 2,
-        moe_aux_loss_coeff=c.router_aux_loss_coef if kind == "mixtral" else 1e-2)
+        num_experts=experts if moe else None,
+        moe_ffn_hidden_size=_ffn(expert_ffn, c.hidden_size) if moe else None,
+        moe_router_topk=c.num_experts_per_tok if moe else 2,
+        moe_aux_loss_coeff=c.router_aux_loss_coef if moe else 1e-2)
 
 
 def _ffn(size: int | None, hidden: int) -> int | None:
@@ -365,13 +404,13 @@ def _llama_layer_back(hf: dict, src: str, dst: str, s: Shape, kind: str, ours: d
             *(hf[f"{src}self_attn.{n}.{p}"] for n in ("q_proj", "k_proj", "v_proj")), s)
     for p in ("weight", "bias") if s.bias else ("weight",):
         ours[f"{dst}self_attention.linear_proj.{p}"] = hf[f"{src}self_attn.o_proj.{p}"]
-        if kind != "mixtral":
+        if not s.experts:
             ours[f"{dst}mlp.linear_fc1.{p}"] = torch.cat(
                 [hf[f"{src}mlp.gate_proj.{p}"], hf[f"{src}mlp.up_proj.{p}"]])
             ours[f"{dst}mlp.linear_fc2.{p}"] = hf[f"{src}mlp.down_proj.{p}"]
-    for ours_name, hf_name in _QK_NORMS if kind == "qwen3" else ():
+    for ours_name, hf_name in _QK_NORMS if kind in QK_NORM_FAMILIES else ():
         ours[f"{dst}self_attention.{ours_name}.weight"] = hf[f"{src}self_attn.{hf_name}.weight"]
-    if kind == "mixtral":
+    if s.experts:
         ours[f"{dst}mlp.router.weight"] = hf[f"{src}mlp.gate.weight"]
         for e in range(s.experts):
             experts = f"{dst}mlp.experts.local_experts.{e}."

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from data_pipeline.embedded import prepare_embedded
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may download
 
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import megatron_lgs  # noqa: E402,F401
 from megatron_lgs import generate as gen  # noqa: E402
@@ -38,9 +39,11 @@ ROPE = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--sw
 SPREAD = ["--init-method-std", "0.2"]
 ARCHS = {
     "gpt2": [],  # learned positions + LayerNorm + GELU + biases, tied
-    # Llama 3's RoPE period (transformers' rope_theta).
+    # Llama 3.1's RoPE: period 500000 (transformers' rope_theta), low frequencies scaled by
+    # 32 as Llama 3.2 1B/3B scale them (rope_type "llama3").
     "llama": [*ROPE, "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-              "--rotary-base", "500000"],
+              "--rotary-base", "500000", "--use-rope-scaling", "--rope-scaling-factor", "32",
+              *SPREAD],
     # Heads of 32 on a hidden size of 64 with 4 heads (--kv-channels; transformers' head_dim).
     "gqa": [*ROPE, "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "32",
             *SPREAD],
@@ -52,6 +55,11 @@ ARCHS = {
     "qwen3": [*ROPE, "--disable-bias-linear", "--qk-layernorm", "--kv-channels", "32",
               "--rotary-base", "1000000", "--norm-epsilon", "1e-6", "--group-query-attention",
               "--num-query-groups", "2", *SPREAD],
+    # Qwen3-MoE's shape: Qwen3's attention, 4 experts of 32 (narrower than the hidden 64).
+    "qwen3moe": [*ROPE, "--disable-bias-linear", "--qk-layernorm", "--kv-channels", "32",
+                 "--rotary-base", "1000000", "--norm-epsilon", "1e-6", "--num-experts", "4",
+                 "--moe-ffn-hidden-size", "32", "--moe-aux-loss-coeff", "1e-3",
+                 "--group-query-attention", "--num-query-groups", "2", *SPREAD],
     # A norm epsilon other than megatron-core's 1e-5 (transformers' rms_norm_eps).
     "moe": [*ROPE, "--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "64",
             "--group-query-attention", "--num-query-groups", "2", "--norm-epsilon", "1e-3",
@@ -139,15 +147,28 @@ def test_logit_parity(name, sources, exported):
     assert difference < 1e-4
     assert mine.std().item() > 1e-2  # a real signal, not two zero tensors
     expected = {"gpt2": "GPT2LMHeadModel", "moe": "MixtralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen3moe": "Qwen3MoeForCausalLM"}.get(
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
     if name != "gpt2":  # GPT-2's config has no head_dim or RoPE
-        wide = name.startswith("gqa") or name == "qwen3"
+        wide = name.startswith(("gqa", "qwen3"))
         assert hf.config.head_dim == (32 if wide else 64 // 4)
-        theta = hf.config.rope_parameters["rope_theta"]
-        assert theta == {"llama": 500000.0, "qwen2": 1e6, "qwen3": 1e6}.get(name, 10000.0)
-        eps = {"moe": 1e-3, "qwen2": 1e-6, "qwen3": 1e-6}.get(name, 1e-5)
+        rope = hf.config.rope_parameters
+        assert rope["rope_theta"] == {"llama": 500000.0, "qwen2": 1e6, "qwen3": 1e6,
+                                      "qwen3moe": 1e6}.get(name, 10000.0)
+        assert (rope["rope_type"], rope.get("factor")) == (
+            ("llama3", 32.0) if name == "llama" else ("default", None))
+    if name == "llama":  # the scaling shows at these 48 positions: transformers without it
+        unscaled = AutoConfig.from_pretrained(exported[name], local_files_only=True)
+        unscaled.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+        plain = AutoModelForCausalLM.from_pretrained(exported[name], config=unscaled,
+                                                     local_files_only=True).eval()
+        with torch.no_grad():
+            moved = (plain(tokens).logits - theirs).abs().max().item()
+        report(f"HF export llama without its RoPE scaling: logits move {moved:.1e}")
+        assert moved > 1e-2
+        eps = {"moe": 1e-3, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3moe": 1e-6}.get(name, 1e-5)
         assert hf.config.rms_norm_eps == eps
     tokenizer = AutoTokenizer.from_pretrained(exported[name], local_files_only=True)
     run_tokenizer = export.run_tokenizer(checkpoint_io.resolve(sources[name]))
@@ -189,7 +210,10 @@ def test_round_trip_and_training_continues(runs, exported, world, tmp_path, data
     assert "--finetune" in proc.stdout
     original, record = _ours(save / "iter_0000002")
     back, back_record = _ours(imported)
-    assert back_record.model == record.model
+    # Every model flag comes back but the init scale, which no transformers config carries
+    # (and a loaded model does not use).
+    assert back_record.model == replace(record.model,
+                                        init_method_std=back_record.model.init_method_std)
     mine, theirs = (checkpoint_io.full_state_dict(m) for m in (original, back))
     assert mine.keys() == theirs.keys()
     for key, tensor in mine.items():
@@ -209,7 +233,7 @@ def run_losses(save: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["event"] == "train"]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gqa", "moe", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["gpt2", "gqa", "moe", "qwen2", "qwen3", "qwen3moe"])
 def test_import_gives_back_every_tensor(name, runs, exported, world, tmp_path):
     imported = import_hf.from_hf(exported[name], tmp_path / "ckpt")
     (original, record), (back, back_record) = _ours(runs[name]), _ours(imported)
@@ -219,7 +243,7 @@ def test_import_gives_back_every_tensor(name, runs, exported, world, tmp_path):
     assert all(torch.equal(t, theirs[k]) for k, t in mine.items())
 
 
-@pytest.mark.parametrize("name", ["gqa", "moe", "qwen3"])
+@pytest.mark.parametrize("name", ["gqa", "moe", "qwen3", "qwen3moe"])
 def test_greedy_generation_matches_transformers(name, runs, exported):
     """32 new tokens, 3 prompts: ours with the KV cache == ours without == transformers."""
     ours, record = _ours(runs[name])
