@@ -372,15 +372,18 @@ def strong_scaling() -> None:
               f"{dominant_terms(est)})")
 
 
-# Qwen3-30B-A3B (48 layers, hidden 2048, 32 heads of 128 with 4 KV groups, 128 experts of 768,
-# top-8, SwiGLU, vocabulary 151936, untied), FP8-CS on 16 H100, TP1 PP2 VP24 EP8 (expert TP 1),
-# micro-batch 2, global batch 512, sequence 4096, dropless with force-balanced routing; 5275
-# tokens/s/GPU (MEGATRON_BRIDGE's DGX-H100 table; its 121 TFLOP/s/GPU are 22.9 GFLOP a token,
-# what this description of the model gives with causal attention). Outside the table: the model
-# has no term for what makes such runs slow (the router, permutation and grouped-GEMM
-# overheads of 16 local experts of 768, the EP all-to-all the recipe overlaps with another
-# micro-batch, `moe_a2a_overlap`) and predicts its published micro-batch not to fit; the recipe
-# of the same commit sets VP 12 where the table says 24 (the prediction moves 0.1%).
+# Fine-grained MoE (experts narrower than the hidden size) on DGX-H100, FP8, force-balanced
+# routing, from MEGATRON_BRIDGE's file, which keeps the previous release's table below its own:
+# the 25.11 container (dropless) and the 25.09 one (token dropping), at the same layouts.
+# Outside the table: the model has no term for what such runs pay per expert (the router,
+# permutation and grouped-GEMM overheads of many small local experts, the host work around
+# them) nor for the EP all-to-all the recipes overlap with another micro-batch
+# (`moe_a2a_overlap`), and it predicts Qwen3-30B-A3B's published micro-batch not to fit.
+# Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads of 128 with 4 KV groups, 128 experts of 768,
+# top-8, SwiGLU, vocabulary 151936, untied; 16 H100, TP1 PP2 VP24 EP8 (expert TP 1), micro-batch
+# 2, global batch 512, sequence 4096 (its 121 TFLOP/s/GPU at 5275 tokens/s are 22.9 GFLOP a
+# token, what this description gives with causal attention); the recipe of the same commit
+# sets VP 12 where the table says 24 (the prediction moves 0.1%).
 QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus": 16,
                  "num_layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
                  "vocab": 151936, "seq_length": 4096, "tp": 1, "pp": 2, "vpp": 24, "ep": 8,
@@ -388,20 +391,37 @@ QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus"
                  "fp8_recipe": "current", "swiglu": True, "num_experts": 128, "moe_topk": 8,
                  "moe_ffn_hidden": 768, "distributed_optimizer": True,
                  "grad_reduce_in_fp32": False}
-QWEN3_30B_PUBLISHED = 5275.0
+# Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads of 128 with 4 KV groups, 128 experts of
+# 1536, top-8; 256 H100, TP2 (sequence parallel) PP8 VP4 EP32, the embedding and the loss
+# counted as pipeline layers (the recipe, `qwen3_moe.py`), micro-batch 1, global batch 2048.
+QWEN3_235B_RUN = {**QWEN3_30B_RUN, "id": "bridge-qwen3-235b-a22b-fp8", "num_gpus": 256,
+                  "num_layers": 94, "hidden": 4096, "heads": 64, "tp": 2, "pp": 8, "vpp": 4,
+                  "ep": 32, "micro_batch": 1, "global_batch": 2048, "moe_ffn_hidden": 1536,
+                  "account_for_embedding_in_pipeline_split": True,
+                  "account_for_loss_in_pipeline_split": True}
+# (run, layout, {release: published tokens/s/GPU}); 25.11 says FP8-CS, 25.09's table gives no
+# precision (its notes speak only of FP8 scaling granularities).
+FINE_GRAINED_MOE = [
+    (QWEN3_30B_RUN, "TP1 PP2 EP8 V24 mbs2",
+     {"25.11 dropless": 5275.0, "25.09 token drop": 10494.0}),
+    (QWEN3_235B_RUN, "TP2 PP8 EP32 V4 mbs1",
+     {"25.11 dropless": 1575.0, "25.09 token drop": 1204.0}),
+]
 
 
 def fine_grained_moe() -> None:
-    print("\n## outside the table: fine-grained MoE, Megatron-Bridge's Qwen3-30B-A3B on 16 H100 "
-          "(tokens/s/GPU; terms the model lacks, see QWEN3_30B_RUN)")
-    est = predict_run(run_from_dict(QWEN3_30B_RUN))
-    r = est.run
-    tokens = r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
-    mem = est.memory
-    print(f"TP1 PP2 EP8 V24 mbs2  published {QWEN3_30B_PUBLISHED:.0f}  predicted {tokens:.0f}  "
-          f"({tokens / QWEN3_30B_PUBLISHED - 1:+.0%}; {dominant_terms(est)}; memory "
-          f"{mem.peak_bytes / 1e9:.0f} GB of {mem.limit_bytes / 1e9:.0f}"
-          f"{'' if est.fits_memory else ', does not fit'})")
+    print("\n## outside the table: fine-grained MoE on DGX-H100, Megatron-Bridge's 25.11 and 25.09 "
+          "tables (tokens/s/GPU; terms the model lacks, see FINE_GRAINED_MOE)")
+    for spec, layout, published in FINE_GRAINED_MOE:
+        est = predict_run(run_from_dict(spec))
+        r = est.run
+        tokens = r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
+        mem = est.memory
+        against = ", ".join(f"{release} {value:.0f} ({tokens / value - 1:+.0%})"
+                            for release, value in published.items())
+        print(f"{r.id:<26} {layout:<22} predicted {tokens:.0f}; published {against}; "
+              f"{dominant_terms(est)}; memory {mem.peak_bytes / 1e9:.0f} GB of "
+              f"{mem.limit_bytes / 1e9:.0f}{'' if est.fits_memory else ', does not fit'}")
 
 
 def micro_batch_sensitivity(out: list[dict]) -> None:
