@@ -197,7 +197,9 @@ MEGATRON_BRIDGE = ("NeMo Megatron-Bridge docs/performance-summary.md, 25.11 NeMo
                    "DGX-H100 table (commit 5776a6d90 of 2025-12-10), with the recipe of the same "
                    "commit (scripts/performance/configs/llama/llama3_llm_pretrain.py, "
                    "llama3_workload_base_configs.py, llama31_llm_pretrain.py, "
-                   "llama31_workload_base_configs.py; src/megatron/bridge/recipes/llama/llama3.py)")
+                   "llama31_workload_base_configs.py; src/megatron/bridge/recipes/llama/llama3.py; "
+                   "for Qwen3: configs/qwen/qwen3_llm_pretrain.py, qwen3_workload_base_configs.py, "
+                   "src/megatron/bridge/recipes/qwen/qwen3_moe.py)")
 # Llama 3 70B (80 layers, hidden 8192, SwiGLU FFN 28672, 64 heads with 8 KV groups, vocabulary
 # 128256, untied), FP8 with current scaling, 64 H100, sequence 8192, TP4 PP8 VP5, micro-batch 1,
 # global batch 128: every knob published. The recipe: sequence parallelism, distributed
@@ -231,7 +233,9 @@ def megatron_bridge_rows() -> list[dict]:
     return [{"source": MEGATRON_BRIDGE, "published": 1602.0, "metric": "tokens/s/GPU",
              "run": MEGATRON_BRIDGE_RUN},
             {"source": MEGATRON_BRIDGE, "published": 292.0, "metric": "tokens/s/GPU",
-             "run": MEGATRON_BRIDGE_405B_RUN}]
+             "run": MEGATRON_BRIDGE_405B_RUN},
+            {"source": MEGATRON_BRIDGE, "published": 1575.0, "metric": "tokens/s/GPU",
+             "run": QWEN3_235B_RUN}]
 
 
 NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md, 'Pretraining', NeMo "
@@ -374,11 +378,12 @@ def strong_scaling() -> None:
 
 # Fine-grained MoE (experts narrower than the hidden size) on DGX-H100, FP8, force-balanced
 # routing, from MEGATRON_BRIDGE's file, which keeps the previous release's table below its own:
-# the 25.11 container (dropless) and the 25.09 one (token dropping), at the same layouts.
-# Outside the table: the model has no term for what such runs pay per expert (the router,
-# permutation and grouped-GEMM overheads of many small local experts, the host work around
-# them) nor for the EP all-to-all the recipes overlap with another micro-batch
-# (`moe_a2a_overlap`), and it predicts Qwen3-30B-A3B's published micro-batch not to fit.
+# the 25.11 container (dropless) and the 25.09 one (token dropping), at the same layouts. Both
+# recipes overlap the EP all-to-all with another micro-batch (`moe_a2a_overlap`). The model has
+# no term for what such runs pay per expert (the router, permutation and grouped-GEMM overheads
+# of many small local experts, the host work around them). Qwen3-235B-A22B's 25.11 figure is a
+# table row (MEGATRON_BRIDGE); Qwen3-30B-A3B stays outside: the model predicts its published
+# micro-batch not to fit.
 # Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads of 128 with 4 KV groups, 128 experts of 768,
 # top-8, SwiGLU, vocabulary 151936, untied; 16 H100, TP1 PP2 VP24 EP8 (expert TP 1), micro-batch
 # 2, global batch 512, sequence 4096 (its 121 TFLOP/s/GPU at 5275 tokens/s are 22.9 GFLOP a
@@ -390,10 +395,11 @@ QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus"
                  "etp": 1, "micro_batch": 2, "global_batch": 512, "precision": "fp8",
                  "fp8_recipe": "current", "swiglu": True, "num_experts": 128, "moe_topk": 8,
                  "moe_ffn_hidden": 768, "distributed_optimizer": True,
-                 "grad_reduce_in_fp32": False}
+                 "grad_reduce_in_fp32": False, "moe_a2a_overlap": True}
 # Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads of 128 with 4 KV groups, 128 experts of
-# 1536, top-8; 256 H100, TP2 (sequence parallel) PP8 VP4 EP32, the embedding and the loss
-# counted as pipeline layers (the recipe, `qwen3_moe.py`), micro-batch 1, global batch 2048.
+# 1536, top-8; 256 H100, TP2 (sequence parallel, no TP overlap: the H100 recipe turns it off)
+# PP8 VP4 EP32 (expert TP 1), the embedding and the loss counted as pipeline layers (the
+# recipe, `qwen3_moe.py`), micro-batch 1, global batch 2048.
 QWEN3_235B_RUN = {**QWEN3_30B_RUN, "id": "bridge-qwen3-235b-a22b-fp8", "num_gpus": 256,
                   "num_layers": 94, "hidden": 4096, "heads": 64, "tp": 2, "pp": 8, "vpp": 4,
                   "ep": 32, "micro_batch": 1, "global_batch": 2048, "moe_ffn_hidden": 1536,

@@ -45,12 +45,12 @@ HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (N
                  "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
                  "23%; rank layouts by it, do not take its MFU as a promise")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
-# read like the dense rows; runs with experts narrower than it miss both ways, far.
-FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: the published runs of "
-                   "bench/published_runs.py (Qwen3-30B-A3B and Qwen3-235B-A22B on H100) ran "
-                   "from 2.9x slower to 1.1x faster than this model predicts, which has no term "
-                   "for their router, permutation and per-expert overheads nor for the "
-                   "all-to-all overlap their recipes use")
+# read like the dense rows; of the two with experts narrower than it, one ran far slower.
+FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "
+                   "bench/published_runs.py, Qwen3-235B-A22B (256 H100) ran 1.2x slower than "
+                   "this model predicts, as dense H100 runs do, but Qwen3-30B-A3B (16 H100, "
+                   "128 experts of 768) 3.6x slower: the model has no term for the router, "
+                   "permutation and per-expert overheads of many small local experts")
 ROW_GRID_MB = [16, 64, 256]
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.

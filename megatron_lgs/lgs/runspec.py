@@ -25,8 +25,10 @@ fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor cur
 NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline splits:
 decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
 account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
-Megatron-LM's flag names, and recompute_num_layers (null: full recompute of every layer; N:
-Megatron's block method, the first N layers of each model chunk).
+Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
+Megatron's block method, the first N layers of each model chunk), and moe_a2a_overlap (false;
+true: megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
+moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Run:
     account_for_loss_in_pipeline_split: bool = False
     recompute_num_layers: int = 0
     head_dim: int = 0  # 0: hidden / heads
+    moe_a2a_overlap: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -277,6 +280,9 @@ def check_run(r: Run) -> None:
         raise RunError("ep", "expert parallelism needs num_experts > 0")
     elif r.etp != r.tp:
         raise RunError("etp", f"expert tensor parallelism ({r.etp}) needs num_experts > 0")
+    if r.moe_a2a_overlap and (r.ep == 1 or r.recompute == "full" or (r.pp > 1 and r.vpp == 1)):
+        raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap needs ep > 1, "
+                                          "no full recompute and, with pp > 1, virtual stages")
     if r.zero >= 2 and (r.tp, r.pp, r.cp, r.ep) != (1, 1, 1, 1):
         raise RunError("zero", "Megatron-FSDP (zero 2/3) is wired here for pure data "
                                "parallelism (tp = pp = cp = ep = 1)")

@@ -54,7 +54,6 @@ from megatron_lgs.lgs.gpus import (
 )
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import (
-    all_to_all_time,
     flash_attention_time,
     gemm_fwd_bwd,
     memory_time,
@@ -62,6 +61,7 @@ from megatron_lgs.lgs.kernels import (
     sm_contention,
     tp_collective_time,
 )
+from megatron_lgs.lgs.moecost import moe_mlp, overlap_all_to_all
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
 from megatron_lgs.lgs.timeline import (
@@ -170,30 +170,6 @@ def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
     return f1, f2, fp * act, bp * act
 
 
-def _moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
-             ) -> tuple[float, float, float, float, float]:
-    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd, all-to-all per direction) of an MoE
-    layer with balanced routing."""
-    t, h, p, e = r.tp, r.hidden, r.precision, r.num_experts
-    mats = 2 if r.swiglu else 1
-    f = r.expert_ffn / r.etp
-    local = e // r.ep
-    per_expert = tok * r.moe_topk / t * r.etp * r.ep / e
-    f1 = gemm_fwd_bwd(per_expert, f * mats, h, gpu, p)
-    f2 = gemm_fwd_bwd(per_expert, h, f, gpu, p)
-    router = gemm_fwd_bwd(tok / t, e, h, gpu, p)
-    fwd = local * (f1[0] + f2[0]) + router[0]
-    bwd = local * (f1[1] + f2[1]) + router[1]
-    fp, bp = (3, 5) if r.swiglu else (2, 3)
-    # Activation, then permute and unpermute of each token copy (read + write each way).
-    copies = local * per_expert
-    elem_f, elem_b = copies * (fp * f + 4 * h) * 2, copies * (bp * f + 4 * h) * 2
-    sent = tok / t * r.moe_topk * h * 2
-    intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
-    a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
-    return fwd, bwd, elem_f, elem_b, a2a
-
-
 def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
     """(forward, backward) HBM bytes of one layer's FP8 casts: forward the inputs of the four
     GEMMs (QKV and FC1 after their norms, sequence-sharded with SP; projection and FC2
@@ -260,7 +236,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
     column, row = [qkv], [proj]
     if r.num_experts:
-        mf, mb, elem_f, elem_b, a2a = _moe_mlp(r, gpu, hw, tok)
+        mf, mb, elem_f, elem_b, a2a = moe_mlp(r, gpu, hw, tok)
         c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
     else:
         f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
@@ -296,6 +272,8 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
         kv_bytes = tok * 2 * r.kv_dim / t * 2
         ring = (r.cp - 1) * (link.alpha_s + kv_bytes / link.bandwidth_Bps)
         c.fwd["cp_comm"], c.bwd["cp_comm"] = max(0.0, ring - af), max(0.0, 2 * ring - ab)
+    if r.moe_a2a_overlap:
+        overlap_all_to_all(r, gpu, c.fwd, c.bwd)
     _host_bound(r, c)
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
