@@ -320,9 +320,11 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         _require(not bias and not c.router_jitter_noise, kind, "router jitter or biases")
         _require(getattr(c, "sliding_window", None) is None, kind, "a sliding window")
     groups, moe = c.num_key_value_heads, kind in MOE_FAMILIES
-    experts, expert_ffn = ((c.num_local_experts, c.intermediate_size) if kind == "mixtral" else
-                           (getattr(c, "num_experts", None), getattr(c, "moe_intermediate_size",
-                                                                     None)))
+    experts = expert_ffn = None
+    if kind == "mixtral":
+        experts, expert_ffn = c.num_local_experts, c.intermediate_size
+    elif kind == "qwen3_moe":
+        experts, expert_ffn = c.num_experts, c.moe_intermediate_size
     return ModelConfig(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
         ffn_hidden_size=None if moe else _ffn(c.intermediate_size, c.hidden_size),
@@ -338,7 +340,7 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
         add_qkv_bias=kind == "qwen2",
         add_bias_linear=bias, untie_embeddings_and_output_weights=not c.tie_word_embeddings,
         hidden_dropout=0.0, attention_dropout=0.0,
-        num_experts=experts if moe else None,
+        num_experts=experts,
         moe_ffn_hidden_size=_ffn(expert_ffn, c.hidden_size) if moe else None,
         moe_router_topk=c.num_experts_per_tok if moe else 2,
         moe_aux_loss_coeff=c.router_aux_loss_coef if moe else 1e-2)

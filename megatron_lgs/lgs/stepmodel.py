@@ -12,8 +12,9 @@ critical path:
   (`tpcomm`);
 - context parallel: the K/V ring (cp - 1 hops forward, K/V and their gradients backward),
   overlapped with the attention kernel, exposed beyond it;
-- MoE: dispatch and combine all-to-alls on the expert-parallel group, forward and backward,
-  exposed (megatron-core 0.16 does not overlap them by default), and with expert tensor
+- MoE (`moecost`): dispatch and combine all-to-alls on the expert-parallel group, forward and
+  backward, exposed (megatron-core 0.16's default) or, with `moe_a2a_overlap`, beside another
+  micro-batch's compute, and with expert tensor
   parallelism the gather and scatter of the dispatched tokens over its group
   (`tpcomm.expert_tp_comm`);
 - pipeline: one activation send forward and one gradient send backward per micro-batch and
@@ -34,8 +35,10 @@ the distributed optimizer's parameter all-gather (ZeRO 1/2; overlapped with the 
 when `overlap_param_gather`), or ZeRO 3's per-micro-batch gathers, and the optimizer step as a
 memory-bound pass over this GPU's shard, and the gradient bookkeeping around the GEMMs (the
 per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and scaling or
-flattening of the gradient buffer), both counted in `gradbuffer`. Every number is a
-prediction.
+flattening of the gradient buffer), both counted in `gradbuffer`. Every NCCL collective that
+runs beside compute (the replay's reductions, the overlapped gathers, ZeRO's per-micro-batch
+traffic, TE's asynchronous TP collectives, the overlapped all-to-alls) holds
+`gpus.NCCL_COMM_SMS` SMs the compute lacks meanwhile. Every number is a prediction.
 """
 
 from __future__ import annotations
