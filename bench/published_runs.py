@@ -395,7 +395,7 @@ QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus"
                  "etp": 1, "micro_batch": 2, "global_batch": 512, "precision": "fp8",
                  "fp8_recipe": "current", "swiglu": True, "num_experts": 128, "moe_topk": 8,
                  "moe_ffn_hidden": 768, "distributed_optimizer": True,
-                 "grad_reduce_in_fp32": False, "moe_a2a_overlap": True}
+                 "grad_reduce_in_fp32": False, "moe_a2a_overlap": True, "qk_layernorm": True}
 # Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads of 128 with 4 KV groups, 128 experts of
 # 1536, top-8; 256 H100, TP2 (sequence parallel, no TP overlap: the H100 recipe turns it off)
 # PP8 VP4 EP32 (expert TP 1), the embedding and the loss counted as pipeline layers (the

@@ -26,9 +26,10 @@ NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipe
 decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
 account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
 Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
-Megatron's block method, the first N layers of each model chunk), and moe_a2a_overlap (false;
+Megatron's block method, the first N layers of each model chunk), moe_a2a_overlap (false;
 true: megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
-moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute).
+moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute), and
+qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Run:
     recompute_num_layers: int = 0
     head_dim: int = 0  # 0: hidden / heads
     moe_a2a_overlap: bool = False
+    qk_layernorm: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -68,6 +68,8 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     # the weight gradient: `linear.py`, `layernorm_linear.py`, `layernorm_mlp.py` of v2.7).
     x = 1 if r.precision == "fp8" else 2
     attn = (2 * h + x * h + h) / sp + (2 * r.q_dim + 4 * kv + x * r.q_dim) / t
+    if r.qk_layernorm:  # each norm keeps its input, BF16
+        attn += 2 * (r.q_dim + kv) / t
     # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
     scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
     mats = 2 if r.swiglu else 1

@@ -264,8 +264,11 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     sp = t if r.sequence_parallel else 1
     act = tok / sp * h * 2
     q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
-    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd, gpu)
-    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd, gpu)
+    # Query/key norms (Qwen3): one read and one write of this rank's Q and K forward, three
+    # passes backward (input, output gradient, input gradient), BF16.
+    qk = tok * (r.q_dim + r.kv_dim) / t * 2 if r.qk_layernorm else 0.0
+    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd + 2 * qk, gpu)
+    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd + 3 * qk, gpu)
     c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
     expert_tp = expert_tp_comm(r, hw, tok)  # gather and scatter, each direction
     c.fwd["tp_comm"] += expert_tp

@@ -1,5 +1,5 @@
-"""Whole-step model: host launch overhead, the cross-entropy passes and TE's comm-GEMM overlap
-chunks, each against a hand calculation."""
+"""Whole-step model: host launch overhead, the cross-entropy passes, query/key norms and TE's
+comm-GEMM overlap chunks, each against a hand calculation."""
 
 from __future__ import annotations
 
@@ -76,3 +76,19 @@ def test_te_comm_gemm_overlap_chunks_by_hand() -> None:
     # Without the overlap nothing is split.
     f, b = tp_gemm(replace(r, tp_comm_overlap=False), m, n, k, H100, column=True)
     assert (f, b) == pytest.approx((g(m, n, k), g(m, k, n) + g(k, n, m)))
+
+
+def test_query_key_norms_by_hand() -> None:
+    """Qwen3's norms on each query and key head: 2 BF16 passes over this rank's Q and K forward,
+    3 backward, and each norm's input kept for the backward."""
+    from megatron_lgs.lgs.stepmemory import layer_activation_bytes
+
+    hw = link_profile(H100)
+    r = run(heads=8, kv_heads=2, head_dim=64, tp=2, sequence_parallel=True)
+    plain, normed = layer_cost(r, H100, hw), layer_cost(replace(r, qk_layernorm=True), H100, hw)
+    qk = 128 * (8 * 64 + 2 * 64) / 2 * 2  # tokens x this rank's Q and K widths x BF16
+    hbm = H100.hbm_gbps * 1e9 * HBM_EFFICIENCY
+    assert normed.fwd["elementwise"] - plain.fwd["elementwise"] == pytest.approx(2 * qk / hbm)
+    assert normed.bwd["elementwise"] - plain.bwd["elementwise"] == pytest.approx(3 * qk / hbm)
+    kept = layer_activation_bytes(replace(r, qk_layernorm=True))[0] - layer_activation_bytes(r)[0]
+    assert kept == pytest.approx(qk)
