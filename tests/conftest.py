@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,24 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("measured by the tests")
         for line in _REPORTED:
             terminalreporter.write_line(line)
+
+_PYTEST_PID = os.getpid()
+
+
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    """A runner's SIGTERM (a CI timeout) unwinds pytest as Ctrl-C does, so the fixtures that own
+    network namespaces, Slurm daemons and rank processes still tear them down. A process forked
+    from pytest keeps the default: SIGTERM ends it."""
+    if os.getpid() != _PYTEST_PID:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config) -> None:
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
 
 # A model small enough that a step takes milliseconds, still a real megatron-core GPT.
 TINY_GPT = [

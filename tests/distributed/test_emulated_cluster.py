@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,23 @@ if _REASON:
     pytest.skip(f"emulated cluster unavailable: {_REASON}", allow_module_level=True)
 
 TOOL = [sys.executable, str(REPO / "launch/emulate_cluster.py")]
+
+
+@contextlib.contextmanager
+def _reaped(proc: subprocess.Popen):
+    """However the test ends (a failed assertion, pytest interrupted), the cluster-owning child
+    is stopped as a scheduler would stop it, SIGTERM, on which it removes its namespaces;
+    killed if it hangs."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _namespaces_of(pid: int) -> list[str]:
@@ -86,19 +104,21 @@ def test_three_nodes_through_a_bridge_first_failure_wins_and_the_rest_are_stoppe
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_signal_removes_every_namespace_and_process(tmp_path, sig):
     marker = tmp_path / "sleeping"
-    proc = subprocess.Popen([*TOOL, "--nodes", "2", "--gpus-per-node", "2", "--inter-gbit", "1",
-                             "--", "sh", "-c", f"touch {marker}$NODE_RANK; exec sleep 600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # A suite started in the background (nohup, `&`) hands its children
-                            # SIGINT ignored; a terminal's Ctrl-C reaches the tool with it on.
-                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not (marker.with_name("sleeping0").exists() and marker.with_name("sleeping1").exists()):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-        time.sleep(0.1)
-    assert len(_namespaces_of(proc.pid)) == 2
-    proc.send_signal(sig)
-    assert proc.wait(timeout=60) == 128 + sig
+    with _reaped(subprocess.Popen(
+            [*TOOL, "--nodes", "2", "--gpus-per-node", "2", "--inter-gbit", "1", "--", "sh", "-c",
+             f"touch {marker}$NODE_RANK; exec sleep 600"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # A suite started in the background (nohup, `&`) hands its children SIGINT
+            # ignored; a terminal's Ctrl-C reaches the tool with it on.
+            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))) as proc:
+        deadline = time.monotonic() + 60
+        while not (marker.with_name("sleeping0").exists()
+                   and marker.with_name("sleeping1").exists()):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.1)
+        assert len(_namespaces_of(proc.pid)) == 2
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
     assert not _namespaces_of(proc.pid)
     assert not list(Path("/etc/netns").glob(f"{PREFIX}{proc.pid}-*"))
     assert subprocess.run(["pgrep", "-f", f"touch {marker}"]).returncode == 1
@@ -113,14 +133,15 @@ def test_sigterm_to_a_program_using_the_python_api_removes_its_cluster(tmp_path)
               "with emulated_cluster(nodes=2, gpus_per_node=1, inter_gbit=1.0):\n"
               f"    open({str(marker)!r}, 'w').close()\n"
               "    time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-        time.sleep(0.1)
-    assert len(_namespaces_of(proc.pid)) == 2
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    with _reaped(subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE,
+                                  text=True)) as proc:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.1)
+        assert len(_namespaces_of(proc.pid)) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert not _namespaces_of(proc.pid)
 
 
