@@ -405,27 +405,31 @@ QWEN3_235B_RUN = {**QWEN3_30B_RUN, "id": "bridge-qwen3-235b-a22b-fp8", "num_gpus
                   "ep": 32, "micro_batch": 1, "global_batch": 2048, "moe_ffn_hidden": 1536,
                   "account_for_embedding_in_pipeline_split": True,
                   "account_for_loss_in_pipeline_split": True}
-# (run, layout, {release: published tokens/s/GPU}); 25.11 says FP8-CS, 25.09's table gives no
+# (run, {release: published tokens/s/GPU}); 25.11 says FP8-CS, 25.09's table gives no
 # precision (its notes speak only of FP8 scaling granularities).
 FINE_GRAINED_MOE = [
-    (QWEN3_30B_RUN, "TP1 PP2 EP8 V24 mbs2",
-     {"25.11 dropless": 5275.0, "25.09 token drop": 10494.0}),
-    (QWEN3_235B_RUN, "TP2 PP8 EP32 V4 mbs1",
-     {"25.11 dropless": 1575.0, "25.09 token drop": 1204.0}),
+    (QWEN3_30B_RUN, {"25.11 dropless": 5275.0, "25.09 token drop": 10494.0}),
+    (QWEN3_235B_RUN, {"25.11 dropless": 1575.0, "25.09 token drop": 1204.0}),
 ]
+
+
+def layout_label(r: Run, with_micro_batch: bool = True) -> str:
+    return (f"TP{r.tp} PP{r.pp}" + (f" CP{r.cp}" if r.cp > 1 else "") + f" DP{r.dp}"
+            + (f" EP{r.ep}" if r.ep > 1 else "") + (f" V{r.vpp}" if r.vpp > 1 else "")
+            + (f" mbs{r.micro_batch}" if with_micro_batch else ""))
 
 
 def fine_grained_moe() -> None:
     print("\n## outside the table: fine-grained MoE on DGX-H100, Megatron-Bridge's 25.11 and 25.09 "
           "tables (tokens/s/GPU; terms the model lacks, see FINE_GRAINED_MOE)")
-    for spec, layout, published in FINE_GRAINED_MOE:
+    for spec, published in FINE_GRAINED_MOE:
         est = predict_run(run_from_dict(spec))
         r = est.run
         tokens = r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
         mem = est.memory
         against = ", ".join(f"{release} {value:.0f} ({tokens / value - 1:+.0%})"
                             for release, value in published.items())
-        print(f"{r.id:<26} {layout:<22} predicted {tokens:.0f}; published {against}; "
+        print(f"{r.id:<26} {layout_label(r):<27} predicted {tokens:.0f}; published {against}; "
               f"{dominant_terms(est)}; memory {mem.peak_bytes / 1e9:.0f} GB of "
               f"{mem.limit_bytes / 1e9:.0f}{'' if est.fits_memory else ', does not fit'}")
 
@@ -473,10 +477,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         r = est.run
         err = value / row["published"] - 1
         errors.append(abs(err))
-        lay = f"TP{r.tp} PP{r.pp}" + (f" CP{r.cp}" if r.cp > 1 else "") + f" DP{r.dp}" + (
-            f" EP{r.ep}" if r.ep > 1 else "") + (
-            f" V{r.vpp}" if r.vpp > 1 else "") + (
-            f" mbs{r.micro_batch}" if row.get("micro_batch") == "not published" else "")
+        lay = layout_label(r, with_micro_batch=row.get("micro_batch") == "not published")
         fit = "" if est.fits_memory else "!"
         print(f"{r.id:<26} {lay:<23} {_num(row['published']):>9} {_num(value):>9} {err:>+7.1%} "
               f"{est.step_time_s:>7.2f} {est.memory.peak_bytes / 1e9:>6.1f}{fit or ' '}  "
