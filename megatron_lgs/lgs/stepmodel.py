@@ -421,10 +421,12 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
         for c, (dense, expert) in zip(costs, stage_params(r), strict=True):
             numel = {DENSE: dense, EXPERT: expert}
             # Sharded gradients cannot accumulate: every micro-batch's backward reduce-scatters
-            # them (the replay adds the last one's tail), overlapped with that backward.
+            # them. The last one's reduction is the replay's (its tail and SM share); the
+            # m - 1 before it run beside their backward, spread here over the m micro-batches.
             rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
             fwd_s, bwd_s = c.fwd_s, c.bwd_s
-            c.bwd["dp_grad_sync"] = nccl_beside(rs, bwd_s, gpu)
+            earlier = (r.num_micro_batches - 1) / r.num_micro_batches
+            c.bwd["dp_grad_sync"] = earlier * nccl_beside(rs, bwd_s, gpu)
             if r.zero >= 3:
                 # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
                 ag = _gather_time(w, hw, numel)

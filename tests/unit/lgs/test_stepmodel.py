@@ -430,6 +430,13 @@ def test_zero3_gathers_per_micro_batch() -> None:
     fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
     assert costs[0].fwd["param_all_gather"] == pytest.approx(
         max(0.0, ag - fwd) + min(ag * 16 / 108, fwd * 16 / 92))
+    # FP32 gradients reduce-scattered after each backward; the last micro-batch's reduction is
+    # the replay's, the other 3 of 4 are charged here (spread over the 4).
+    rs = ag * 2
+    bwd = costs[0].bwd_s - costs[0].bwd["dp_grad_sync"] - costs[0].bwd["param_all_gather"]
+    assert r.num_micro_batches == 4
+    assert costs[0].bwd["dp_grad_sync"] == pytest.approx(
+        3 / 4 * (max(0.0, rs - bwd) + min(rs * 16 / 108, bwd * 16 / 92)))
     assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
 
 
