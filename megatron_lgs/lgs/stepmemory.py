@@ -6,7 +6,9 @@ and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel g
 the gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow
 Korthikanti et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b
 bytes with sequence parallelism), generalized to GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at
-1 B) and fused attention (which keeps no score matrix); full recompute keeps each layer's
+1 B) and fused attention (which keeps no score matrix). The MLP and MoE blocks' share is
+checked against what megatron-core 0.16's own modules save for backward
+(tests/unit/lgs/test_activation_memory.py); full recompute keeps each layer's
 input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving
 (1 + (pp - 1) / (pp v)) times that.
 A fixed 10% of the GPU is reserved for the CUDA context, NCCL buffers and fragmentation.
@@ -55,6 +57,28 @@ def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     return weights + grads + optim
 
 
+def mlp_block_bytes(r: Run) -> float:
+    """Bytes per token of the micro-batch that the MLP or MoE block keeps for backward on one
+    GPU: its input as its first GEMM (or the router) keeps it, and its experts' GEMM inputs
+    and activation input. megatron-core 0.16 applies the router's probabilities inside the
+    experts' fused activation (`weighted_bias_swiglu_impl`, which keeps its input and the
+    probabilities) and unpermutes without them, so no expert output is kept."""
+    t = r.tp
+    sp = t if r.sequence_parallel else 1
+    h = r.hidden
+    x = 1 if r.precision == "fp8" else 2  # FP8 GEMMs keep their quantized input
+    mats = 2 if r.swiglu else 1
+    if not r.num_experts:
+        f = r.ffn_hidden / t
+        return x * h / sp + 2 * f * mats + x * f
+    f = r.expert_ffn / r.etp
+    expert_tokens = r.moe_topk / t * r.etp
+    # The router keeps its BF16 input, FP32 logits, top-k indices and probabilities; the
+    # dispatcher its routing map: 7 E + 30 k bytes a token, measured on megatron-core 0.16.
+    routing = 2 * h + 7 * r.num_experts + 30 * r.moe_topk
+    return routing / sp + expert_tokens * (x * h + 2 * f * mats + x * f)
+
+
 def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     """(all bytes kept for backward, of which the score matrices, the layer input alone) of one
     layer, one micro-batch, one GPU."""
@@ -72,15 +96,7 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
         attn += 2 * (r.q_dim + kv) / t
     # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
     scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
-    mats = 2 if r.swiglu else 1
-    if r.num_experts:
-        f = r.expert_ffn / r.etp
-        expert_tokens = r.moe_topk / t * r.etp
-        mlp = (2 * h + 2 * h + h) / sp + expert_tokens * (x * h + 2 * f * mats + x * f) + \
-            2 * h * r.moe_topk / t
-    else:
-        f = r.ffn_hidden / t
-        mlp = (2 * h + x * h + h) / sp + 2 * f * mats + x * f
+    mlp = (2 * h + h) / sp + mlp_block_bytes(r)  # + the pre-MLP norm's input, dropout mask
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 
