@@ -379,11 +379,10 @@ def strong_scaling() -> None:
 # Fine-grained MoE (experts narrower than the hidden size) on DGX-H100, FP8, force-balanced
 # routing, from MEGATRON_BRIDGE's file, which keeps the previous release's table below its own:
 # the 25.11 container (dropless) and the 25.09 one (token dropping), at the same layouts. Both
-# recipes overlap the EP all-to-all with another micro-batch (`moe_a2a_overlap`). The model has
-# no term for what such runs pay per expert (the router, permutation and grouped-GEMM overheads
-# of many small local experts, the host work around them). Qwen3-235B-A22B's 25.11 figure is a
-# table row (MEGATRON_BRIDGE); Qwen3-30B-A3B stays outside: the model predicts its published
-# micro-batch not to fit.
+# recipes overlap the EP all-to-all with another micro-batch (`moe_a2a_overlap`). The model
+# counts the router's GEMM and the permutation's memory traffic (`moecost`), not the host work
+# per local expert, which cannot explain the 30B's gap (README). Qwen3-235B-A22B's 25.11 figure
+# is a table row (MEGATRON_BRIDGE); Qwen3-30B-A3B stays outside, its error unexplained.
 # Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads of 128 with 4 KV groups, 128 experts of 768,
 # top-8, SwiGLU, vocabulary 151936, untied; 16 H100, TP1 PP2 VP24 EP8 (expert TP 1), micro-batch
 # 2, global batch 512, sequence 4096 (its 121 TFLOP/s/GPU at 5275 tokens/s are 22.9 GFLOP a
