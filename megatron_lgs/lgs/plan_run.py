@@ -103,7 +103,8 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
                  vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
                  swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
                  moe_ffn_hidden=m.moe_ffn_hidden_size or 0,
-                 untie_embeddings=m.untie_embeddings_and_output_weights)
+                 untie_embeddings=m.untie_embeddings_and_output_weights,
+                 dropout=max(m.hidden_dropout, m.attention_dropout))
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)

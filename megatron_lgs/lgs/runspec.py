@@ -28,8 +28,10 @@ account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (fa
 Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
 Megatron's block method, the first N layers of each model chunk), moe_a2a_overlap (false;
 true: megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
-moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute), and
-qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm).
+moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute),
+qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm), and
+dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen and Mixtral
+recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Run:
     head_dim: int = 0  # 0: hidden / heads
     moe_a2a_overlap: bool = False
     qk_layernorm: bool = False
+    dropout: float = 0.1
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -162,6 +165,10 @@ def _typed(name: str, value: Any) -> Any:
     if name == "nic_gbit_per_gpu":
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise RunError(name, f"must be a positive number, got {value!r}")
+        return float(value)
+    if name == "dropout":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise RunError(name, f"must be a probability in [0, 1), got {value!r}")
         return float(value)
     return str(value)
 

@@ -6,7 +6,8 @@ and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel g
 the gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow
 Korthikanti et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b
 bytes with sequence parallelism), generalized to GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at
-1 B) and fused attention (which keeps no score matrix). The MLP and MoE blocks' share is
+1 B), fused attention (which keeps no score matrix but its output and softmax statistics) and
+runs without dropout (no masks). The MLP and MoE blocks' share and the dropout masks are
 checked against what megatron-core 0.16's own modules save for backward
 (tests/unit/lgs/test_activation_memory.py); full recompute keeps each layer's
 input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving
@@ -91,12 +92,20 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     # input, FP8 when the GEMM runs in FP8 (Transformer Engine keeps the quantized input for
     # the weight gradient: `linear.py`, `layernorm_linear.py`, `layernorm_mlp.py` of v2.7).
     x = 1 if r.precision == "fp8" else 2
-    attn = (2 * h + x * h + h) / sp + (2 * r.q_dim + 4 * kv + x * r.q_dim) / t
+    mask = 1 if r.dropout > 0 else 0  # torch's dropout keeps no mask at p = 0
+    attn = (2 * h + x * h + mask * h) / sp + (2 * r.q_dim + 4 * kv + x * r.q_dim) / t
     if r.qk_layernorm:  # each norm keeps its input, BF16
         attn += 2 * (r.q_dim + kv) / t
-    # Unfused attention keeps softmax output, dropout mask and output: 5 B per score.
-    scores = 0.0 if r.flash_attention else 5 * (r.heads / t) * r.seq_length
-    mlp = (2 * h + h) / sp + mlp_block_bytes(r)  # + the pre-MLP norm's input, dropout mask
+    if r.flash_attention and x == 1:
+        # Fused attention keeps its BF16 output beside Q, K, V (TE v2.7-2.17 `FusedAttnFunc`
+        # saves q, k, v, out); with BF16 GEMMs that output is the projection's saved input,
+        # with FP8 ones the projection keeps its own FP8 copy.
+        attn += 2 * r.q_dim / t
+    # Fused attention keeps FP32 softmax statistics, 4 B per head; unfused attention the
+    # softmax output and, with dropout, the mask and the dropped output: 5 B per score, or 2.
+    scores = 0.0 if r.flash_attention else (2 + 3 * mask) * (r.heads / t) * r.seq_length
+    attn += 4 * r.heads / t if r.flash_attention else 0.0
+    mlp = (2 * h + mask * h) / sp + mlp_block_bytes(r)  # + the MLP norm's input, the mask
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 

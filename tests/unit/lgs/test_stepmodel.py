@@ -312,6 +312,10 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     # FP8 keeps the four GEMM inputs (QKV, projection, FC1, FC2: h, h, h, 4h) at 1 B, not 2.
     fp8_full, _, _ = layer_activation_bytes(replace(r, precision="fp8"))
     assert full - fp8_full == pytest.approx(s * b * (h + h + h + 4 * h) / t)
+    # Without dropout: no masks (h and h per token) and 2 B per score, the softmax output.
+    no_drop, no_drop_scores, _ = layer_activation_bytes(replace(r, dropout=0.0))
+    assert full - no_drop == pytest.approx(s * b * 2 * h / t + 3 * a * s * s * b / t)
+    assert no_drop_scores == pytest.approx(2 * a * s * s * b / t)
     dense, expert = 1e9, 0.0
     assert states_bytes(r, dense, expert) == pytest.approx(1e9 * (2 + 4 + 12))
     bf16_grads = replace(r, grad_reduce_in_fp32=False)
@@ -322,6 +326,19 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     for k, (d, e) in enumerate(stage_params(moe)):
         n = stage_numel(stage_backward(w.model, w.layout, k))
         assert (d, e) == (n["dense"], n["expert"])
+
+
+def test_fused_attention_memory_by_hand() -> None:
+    """Fused attention keeps Q, K, V, its BF16 output (the projection's input with BF16
+    GEMMs; beside the projection's FP8 copy with FP8 ones) and FP32 softmax statistics."""
+    r = run()
+    s, h, a, t = 2048, 4096, 32, 4
+    full, scores, _ = layer_activation_bytes(r)
+    unfused = layer_activation_bytes(replace(r, flash_attention=False))[0]
+    assert scores == 0 and unfused - full == pytest.approx(s * (5 * a * s - 4 * a) / t)
+    fp8 = layer_activation_bytes(replace(r, precision="fp8"))[0]
+    # QKV, FC1, FC2 inputs at 1 B; the projection's FP8 input (q) on top of the BF16 output.
+    assert full - fp8 == pytest.approx(s * (h + h + 4 * h - h) / t)
 
 
 def test_head_dim_by_hand() -> None:
