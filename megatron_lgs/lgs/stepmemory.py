@@ -3,7 +3,10 @@
 States per parameter of the heaviest stage: BF16/FP16 weights (2 B), gradient buffer (4 B FP32
 with BF16/FP8 unless `grad_reduce_in_fp32` is off; 2 B with FP16), Adam's FP32 master weights
 and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2
-the gradients too, ZeRO 3 the weights too. Activations per layer and micro-batch follow
+the gradients too, ZeRO 3 the weights too. FP8 runs keep 2 B a weight too, what FP8 parameters
+hold (1 B data + 1 B transpose; Megatron-Bridge's FP8 recipes set `fp8_param_gather`); with
+BF16 weights Transformer Engine would cache such FP8 copies beside them, 2 B more a parameter,
+which is not modelled. Activations per layer and micro-batch follow
 Korthikanti et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b
 bytes with sequence parallelism), generalized to GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at
 1 B), fused attention (which keeps no score matrix but its output and softmax statistics) and
