@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> list[float]:
                                          if row["run"]["gpu"] == gpu]))
     micro_batch_sensitivity(out)
     strong_scaling()
-    fine_grained_moe({row['run']['id'] for row in out}, errors)
+    fine_grained_moe({row["run"]["id"] for row in out}, errors)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return errors

@@ -88,6 +88,7 @@ def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture
     ({"precision": "fp8"}, "precision"),     # A100 has no FP8
     ({"tp": "4"}, "tp"),
     ({"etp": 3}, "etp"),                     # expert TP on a dense model
+    ({"dropout": 1.0}, "dropout"),           # not a probability of dropping
 ])
 def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
                                                     field: str) -> None:
