@@ -26,6 +26,26 @@ def report(line: str) -> None:
     _REPORTED.append(line)
 
 
+@pytest.fixture(scope="module")
+def one_process():
+    """A one-rank gloo group with megatron-core's parallel state, for building real models in
+    the test process; yields the platform. An in-memory store: no port, and nothing leaks into
+    the environment of later runs."""
+    import torch.distributed as dist
+
+    # megatron-core only after megatron_lgs, whose import installs the platform layer first.
+    from megatron.core import parallel_state
+
+    from megatron_lgs.platform import get_platform
+
+    platform = get_platform()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield platform
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if _REPORTED:
         terminalreporter.section("measured by the tests")

@@ -9,16 +9,13 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron_lgs.arguments import parse_args
 from megatron_lgs.init_weights import full_tensor, global_names, init_kind, shard_of
 from megatron_lgs.model import build_model, local_block_spec, transformer_config
-from megatron_lgs.platform import get_platform
 
 # isort: split
 # megatron-core only after megatron_lgs, whose import installs the platform layer first.
-from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.layers import _initialize_affine_weight_cpu
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -27,17 +24,6 @@ DENSE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4
          "--vocab-size", "512"]
 MOE = [*DENSE, "--num-experts", "4", "--disable-bias-linear"]
 GLU = [*DENSE, "--swiglu", "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights"]
-
-
-@pytest.fixture(scope="module")
-def one_process():
-    platform = get_platform()
-    # An in-memory store: no port, and nothing leaks into the environment of later runs.
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    yield platform
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def megatron_initialized(flags: list[str], platform, seed: int = 5) -> GPTModel:

@@ -11,17 +11,14 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron_lgs.arguments import parse_args
 from megatron_lgs.lgs.runspec import Run, run_from_dict
 from megatron_lgs.lgs.stepmemory import layer_activation_bytes, mlp_block_bytes
 from megatron_lgs.model import local_block_spec, transformer_config
-from megatron_lgs.platform import get_platform
 
 # isort: split
 # megatron-core only after megatron_lgs, whose import installs the platform layer first.
-from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
@@ -31,16 +28,6 @@ BASE = ["--num-layers", "1", "--hidden-size", str(HIDDEN), "--num-attention-head
         "--seq-length", str(SEQ), "--micro-batch-size", str(MICRO_BATCH), "--bf16",
         "--vocab-size", str(VOCAB), "--swiglu", "--disable-bias-linear",
         "--normalization", "RMSNorm"]
-
-
-@pytest.fixture(scope="module")
-def one_process():
-    platform = get_platform()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    yield platform
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def saved_bytes(flags: list[str], platform, block: str = "mlp") -> float:
@@ -102,7 +89,7 @@ def test_mlp_block_keeps_what_megatron_core_saves(one_process, flags, ffn, exper
 
 
 
-def test_dropout_keeps_a_one_byte_mask_per_residual_add(one_process):
+def test_dropout_keeps_a_mask_per_residual_add_and_none_at_zero(one_process):
     """Hidden dropout keeps a mask in each of the layer's two bias-dropout-adds; at p = 0
     torch's dropout returns its input and keeps nothing (the model's `dropout` 0.0). On a CPU
     the mask is the BF16 noise tensor (2 B an element), on a GPU `native_dropout`'s bool mask
