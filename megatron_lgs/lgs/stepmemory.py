@@ -61,6 +61,13 @@ def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     return weights + grads + optim
 
 
+def saved_input_bytes(r: Run) -> int:
+    """Bytes of an element of a GEMM input kept for the weight gradient: FP8 when the GEMM runs
+    in FP8 (Transformer Engine keeps the quantized input: `linear.py`, `layernorm_linear.py`,
+    `layernorm_mlp.py` of v2.7), else BF16/FP16."""
+    return 1 if r.precision == "fp8" else 2
+
+
 def mlp_block_bytes(r: Run) -> float:
     """Bytes per token of the micro-batch that the MLP or MoE block keeps for backward on one
     GPU: its input as its first GEMM (or the router) keeps it, and its experts' GEMM inputs
@@ -70,7 +77,7 @@ def mlp_block_bytes(r: Run) -> float:
     t = r.tp
     sp = t if r.sequence_parallel else 1
     h = r.hidden
-    x = 1 if r.precision == "fp8" else 2  # FP8 GEMMs keep their quantized input
+    x = saved_input_bytes(r)
     mats = 2 if r.swiglu else 1
     if not r.num_experts:
         f = r.ffn_hidden / t
@@ -91,23 +98,21 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     tok = r.micro_batch * r.seq_length / r.cp
     h, kv = r.hidden, r.kv_dim
     # Norm inputs, QKV / fc1 inputs, dropout masks (1 B) are sequence-sharded with SP; Q, K, V,
-    # the projection input and the MLP activations are head-sharded. x: bytes of a saved GEMM
-    # input, FP8 when the GEMM runs in FP8 (Transformer Engine keeps the quantized input for
-    # the weight gradient: `linear.py`, `layernorm_linear.py`, `layernorm_mlp.py` of v2.7).
-    x = 1 if r.precision == "fp8" else 2
+    # the projection input and the MLP activations are head-sharded.
+    x = saved_input_bytes(r)
     mask = 1 if r.dropout > 0 else 0  # torch's dropout keeps no mask at p = 0
     attn = (2 * h + x * h + mask * h) / sp + (2 * r.q_dim + 4 * kv + x * r.q_dim) / t
     if r.qk_layernorm:  # each norm keeps its input, BF16
         attn += 2 * (r.q_dim + kv) / t
-    if r.flash_attention and x == 1:
-        # Fused attention keeps its BF16 output beside Q, K, V (TE v2.7-2.17 `FusedAttnFunc`
-        # saves q, k, v, out); with BF16 GEMMs that output is the projection's saved input,
-        # with FP8 ones the projection keeps its own FP8 copy.
-        attn += 2 * r.q_dim / t
-    # Fused attention keeps FP32 softmax statistics, 4 B per head; unfused attention the
-    # softmax output and, with dropout, the mask and the dropped output: 5 B per score, or 2.
-    scores = 0.0 if r.flash_attention else (2 + 3 * mask) * (r.heads / t) * r.seq_length
-    attn += 4 * r.heads / t if r.flash_attention else 0.0
+    scores = 0.0
+    if r.flash_attention:
+        # Fused attention keeps Q, K, V, its BF16 output and FP32 softmax statistics, 4 B a head
+        # (TE v2.7-2.17 `FusedAttnFunc`); with BF16 GEMMs that output is the projection's saved
+        # input, with FP8 ones the projection keeps its own FP8 copy beside it.
+        attn += (2 * r.q_dim if x == 1 else 0) / t + 4 * r.heads / t
+    else:
+        # The softmax output and, with dropout, the mask and the dropped output: 5 B a score.
+        scores = (2 + 3 * mask) * (r.heads / t) * r.seq_length
     mlp = (2 * h + mask * h) / sp + mlp_block_bytes(r)  # + the MLP norm's input, the mask
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 

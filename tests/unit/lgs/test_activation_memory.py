@@ -88,7 +88,6 @@ def test_mlp_block_keeps_what_megatron_core_saves(one_process, flags, ffn, exper
     assert modelled(ffn, experts, topk) == pytest.approx(measured, rel=0.01)
 
 
-
 def test_dropout_keeps_a_mask_per_residual_add_and_none_at_zero(one_process):
     """Hidden dropout keeps a mask in each of the layer's two bias-dropout-adds; at p = 0
     torch's dropout returns its input and keeps nothing (the model's `dropout` 0.0). On a CPU
