@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import GPUS, get_gpu  # noqa: E402
-from megatron_lgs.lgs.kernels import gemm_time, memory_time  # noqa: E402
+from megatron_lgs.lgs.kernels import flash_attention_time, gemm_time, memory_time  # noqa: E402
 from megatron_lgs.lgs.runspec import Run  # noqa: E402
-from megatron_lgs.lgs.stepmodel import flash_attention  # noqa: E402
+from megatron_lgs.lgs.stepmodel import attention_blocks  # noqa: E402
 
 DEFAULT_ROWS = ("megatron-h100-1.7B", "megatron-h100-177B", "megatron-moe-mixtral-8x7b")
 # torch.cuda.get_device_name() substrings -> the profile the kernels are compared with.
@@ -44,8 +44,25 @@ DEVICE_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("H800", "h800"),
 class Kernel:
     name: str
     kind: str  # gemm, attention_fwd, attention_bwd, memory
-    shape: tuple[int, ...]  # gemm (m, n, k); attention (b, heads, s, d); memory (rows, cols)
-    predicted_s: float
+    # gemm (m, n, k); attention (batch, heads, q_len, kv_len, head_dim); memory (rows, cols)
+    shape: tuple[int, ...]
+    predicted_s: float  # all `count` calls
+    precision: str = "bf16"  # a GEMM's: bf16 or fp8 (attention and memory kernels are BF16)
+    causal: bool = True  # attention only
+    count: int = 1  # identical calls per layer (CP's ring blocks)
+
+
+def _attention(r: Run, gpu) -> list[Kernel]:
+    """Forward and backward of each of `stepmodel.attention_blocks`, at the model's times."""
+    heads, d, b = r.heads // r.tp, r.head_dim, r.micro_batch
+    out = []
+    for q_len, kv_len, causal, count, flops in attention_blocks(r):
+        name = "attention" if causal else "attention ring"
+        fwd, bwd = flash_attention_time(flops, gpu, q_len, kv_len)
+        shape = (b, heads, int(q_len), int(kv_len), d)
+        out.append(Kernel(f"{name} fwd", "attention_fwd", shape, fwd, causal=causal, count=count))
+        out.append(Kernel(f"{name} bwd", "attention_bwd", shape, bwd, causal=causal, count=count))
+    return out
 
 
 def layer_kernels(r: Run, profile: str) -> list[Kernel]:
@@ -66,12 +83,8 @@ def layer_kernels(r: Run, profile: str) -> list[Kernel]:
     out = []
     for name, m, n, k in linears:
         for part, shape in (("fwd", (m, n, k)), ("dgrad", (m, k, n)), ("wgrad", (k, n, m))):
-            out.append(Kernel(f"{name} {part}", "gemm", shape, gemm_time(*shape, gpu, p)))
-    heads, d = r.heads // t, r.head_dim
-    fwd, bwd = flash_attention(r, gpu)
-    shape = (r.micro_batch, heads, r.seq_length, d)
-    out.append(Kernel("attention fwd", "attention_fwd", shape, fwd))
-    out.append(Kernel("attention bwd", "attention_bwd", shape, bwd))
+            out.append(Kernel(f"{name} {part}", "gemm", shape, gemm_time(*shape, gpu, p), p))
+    out += _attention(r, gpu)
     sp = t if r.sequence_parallel else 1
     norm, act = (tok // sp, h), (mlp_tok, f)
     out.append(Kernel("layernorm", "memory", norm, memory_time(2 * norm[0] * h * 2, gpu)))
@@ -80,8 +93,23 @@ def layer_kernels(r: Run, profile: str) -> list[Kernel]:
 
 
 def _timed(fn, seconds: float, device: torch.device) -> float:
-    """Mean seconds of fn() over a loop of about `seconds` after a warm-up call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    """Mean seconds of fn() over a loop of about `seconds` after a warm-up call. On CUDA the
+    loop replays a CUDA graph of fn() where fn can be captured, so that the host's launch
+    cost (the model's separate HOST_S_PER_KERNEL) does not hide short kernels' GPU time."""
+    if device.type != "cuda":
+        return _loop(fn, seconds, lambda: None)
+    fn()
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        return _loop(fn, seconds, torch.cuda.synchronize)
+    return _loop(graph.replay, seconds, torch.cuda.synchronize)
+
+
+def _loop(fn, seconds: float, sync) -> float:
     fn()
     sync()
     start = time.perf_counter()
@@ -95,11 +123,32 @@ def _timed(fn, seconds: float, device: torch.device) -> float:
     return (time.perf_counter() - start) / n
 
 
+# FP8 GEMMs as Transformer Engine's hybrid recipe runs them through cuBLASLt: E4M3 activations
+# and weights, E5M2 gradients; fast accumulation in the forward, split accumulation in both
+# backward GEMMs (TE's _2X_ACC_FPROP False, _2X_ACC_DGRAD / _2X_ACC_WGRAD True).
+FP8_OPERANDS = {"fwd": ("e4m3fn", "e4m3fn", True), "dgrad": ("e5m2", "e4m3fn", False),
+                "wgrad": ("e4m3fn", "e5m2", False)}
+
+
+def _fp8_gemm(kernel: Kernel, device: torch.device):
+    m, n, k = kernel.shape
+    a_type, b_type, fast = FP8_OPERANDS[kernel.name.split()[-1]]
+    a = torch.randn(m, k, device=device).to(getattr(torch, f"float8_{a_type}"))
+    # cuBLASLt's FP8 GEMM is TN only: B column-major.
+    b = torch.randn(n, k, device=device).to(getattr(torch, f"float8_{b_type}")).t()
+    one = torch.ones((), device=device)
+    return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                    use_fast_accum=fast)
+
+
 def measure(kernel: Kernel, device: torch.device, seconds: float) -> float:
-    """Seconds one call of `kernel` takes here (BF16 on CUDA, FP32 on a CPU)."""
+    """Seconds of the `count` calls of `kernel` here (BF16 or FP8 GEMMs as the kernel says,
+    random data; FP32 in place of BF16 on a CPU, which has no fast BF16 matmul)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     new = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
     if kernel.kind == "gemm":
+        if kernel.precision == "fp8":
+            return _timed(_fp8_gemm(kernel, device), seconds, device)
         m, n, k = kernel.shape
         a, b = new(m, k), new(k, n)
         return _timed(lambda: a @ b, seconds, device)
@@ -108,14 +157,73 @@ def measure(kernel: Kernel, device: torch.device, seconds: float) -> float:
         if kernel.name == "layernorm":
             return _timed(lambda: torch.nn.functional.layer_norm(x, x.shape[-1:]), seconds, device)
         return _timed(lambda: torch.nn.functional.gelu(x), seconds, device)
-    q, k, v = (new(*kernel.shape).requires_grad_() for _ in range(3))
+    return preferred(attention_times(kernel, device, seconds))
+
+
+def _attention_time(kernel: Kernel, device: torch.device, seconds: float) -> float:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    new = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    b, heads, q_len, kv_len, d = kernel.shape
+    q = new(b, heads, q_len, d).requires_grad_()
+    k, v = (new(b, heads, kv_len, d).requires_grad_() for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    fwd = _timed(lambda: sdpa(q, k, v, is_causal=True), seconds, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fwd = _loop(lambda: sdpa(q, k, v, is_causal=kernel.causal), seconds, sync)
     if kernel.kind == "attention_fwd":
-        return fwd
-    grad = new(*kernel.shape)
-    both = _timed(lambda: sdpa(q, k, v, is_causal=True).backward(grad), seconds, device)
-    return max(both - fwd, 0.0)
+        return kernel.count * fwd
+    grad = new(b, heads, q_len, d)
+    both = _loop(lambda: sdpa(q, k, v, is_causal=kernel.causal).backward(grad), seconds, sync)
+    return kernel.count * max(both - fwd, 0.0)
+
+
+def attention_times(kernel: Kernel, device: torch.device, seconds: float) -> dict[str, float]:
+    """Seconds of an attention kernel's `count` calls under each fused backend that runs it
+    here: cuDNN's (what Transformer Engine's FusedAttention calls on Hopper) and
+    FlashAttention-2's; on a CPU, torch's math path."""
+    if device.type != "cuda":
+        return {"math": _attention_time(kernel, device, seconds)}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                out[name] = _attention_time(kernel, device, seconds)
+        except RuntimeError as e:
+            print(f"layer_kernels: {name} attention does not run {kernel.shape}: "
+                  f"{str(e).splitlines()[0]}", flush=True)
+    return out
+
+
+def preferred(times: dict[str, float]) -> float:
+    """The time of the first backend that ran, in `attention_times`' order."""
+    if not times:
+        raise RuntimeError("no attention backend ran")
+    return next(iter(times.values()))
+
+
+def sustained_gemm(device: torch.device, precision: str, seconds: float, dim: int = 8192
+                   ) -> dict:
+    """TFLOP/s of back-to-back dim^3 GEMMs on random data over the second half of `seconds`
+    (the first half brings the board to its power-limited clock), and the SM clock then: the
+    sustained ceiling the profiles take from [MSMF]."""
+    name = "fwd" if precision == "fp8" else "gemm"
+    kernel = Kernel(name, "gemm", (dim, dim, dim), 0.0, precision)
+    if precision == "fp8":
+        fn = _fp8_gemm(kernel, device)
+    else:
+        a, b = (torch.randn(dim, dim, device=device, dtype=torch.bfloat16) for _ in range(2))
+        fn = lambda: a @ b  # noqa: E731
+    _timed(fn, seconds / 2, device)
+    per_call = _timed(fn, seconds / 2, device)
+    out = {"precision": precision, "shape": [dim] * 3, "tflops": 2 * dim**3 / per_call / 1e12}
+    try:  # nvidia-ml-py, where installed
+        out["sm_clock_mhz"] = torch.cuda.clock_rate(device)
+        out["power_w"] = torch.cuda.power_draw(device) / 1000
+    except Exception as e:  # noqa: BLE001 - a figure we lack is reported, not fatal
+        out["clock_error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def check_row(row_id: str, profile: str, seconds: float, device: torch.device) -> dict:
@@ -124,19 +232,22 @@ def check_row(row_id: str, profile: str, seconds: float, device: torch.device) -
         raise SystemExit(f"layer_kernels: no published row {row_id!r}; known: {sorted(rows)}")
     _, est, _ = predicted(rows[row_id])
     r = replace(est.run, tp_comm_overlap=False)
-    if r.precision != "bf16":
-        raise SystemExit(f"layer_kernels: row {row_id} is {r.precision}; BF16 rows only")
     kernels = layer_kernels(r, profile)
-    measured = [measure(k, device, seconds) for k in kernels]
+    backends = [attention_times(k, device, seconds) if k.kind.startswith("attention") else {}
+                for k in kernels]
+    measured = [preferred(b) if b else measure(k, device, seconds)
+                for k, b in zip(kernels, backends, strict=True)]
     by_kind: dict[str, list[float]] = {}
     for k, m in zip(kernels, measured, strict=True):
         pair = by_kind.setdefault(k.kind.split("_")[0], [0.0, 0.0])
         pair[0] += k.predicted_s
         pair[1] += m
-    return {"row": row_id, "profile": profile, "device": str(device),
-            "layout": f"TP{r.tp} PP{r.pp} mbs{r.micro_batch}",
-            "kernels": [{"name": k.name, "shape": k.shape, "predicted_s": k.predicted_s,
-                         "measured_s": m} for k, m in zip(kernels, measured, strict=True)],
+    return {"row": row_id, "profile": profile, "device": str(device), "precision": r.precision,
+            "layout": f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep} mbs{r.micro_batch}",
+            "kernels": [{"name": k.name, "shape": k.shape, "precision": k.precision,
+                         "count": k.count, "predicted_s": k.predicted_s, "measured_s": m,
+                         **({"backends": b} if b else {})}
+                        for k, m, b in zip(kernels, measured, backends, strict=True)],
             "measured_over_predicted": {kind: m / p for kind, (p, m) in by_kind.items()},
             "layer_measured_over_predicted": sum(measured) / sum(k.predicted_s for k in kernels)}
 
@@ -148,31 +259,61 @@ def device_profile(device: torch.device) -> str | None:
     return next((p for key, p in DEVICE_PROFILES if key in name), None)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def hopper_rows() -> list[str]:
+    """Every published row on a Hopper GPU (the rows the model predicts too fast)."""
+    return [row["run"]["id"] for row in published_rows()
+            if row["run"]["gpu"] in ("h100-sxm", "h800", "h200")]
+
+
+def _print_row(res: dict, device: torch.device) -> None:
+    print(f"\n## {res['row']} ({res['precision']}, {res['layout']}) on {device}, "
+          f"model profile {res['profile']}")
+    print(f"{'kernel':<20} {'shape':<30} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6}")
+    for k in res["kernels"]:
+        print(f"{k['name']:<20} {str(k['shape']):<30} {k['predicted_s'] * 1e3:>12.3f} "
+              f"{k['measured_s'] * 1e3:>11.3f} {k['measured_s'] / k['predicted_s']:>6.2f}")
+    kinds = ", ".join(f"{kind} {v:.2f}" for kind, v in res["measured_over_predicted"].items())
+    print(f"measured / predicted: layer {res['layer_measured_over_predicted']:.2f} ({kinds})",
+          flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS))
+    ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS),
+                    help="published row ids, or 'hopper' for every H100/H800/H200 row")
     ap.add_argument("--profile", choices=sorted(GPUS), help="default: this GPU's profile")
     ap.add_argument("--seconds", type=float, default=1.0, help="per kernel (default 1)")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--ceiling-seconds", type=float, default=0.0,
+                    help="first time 8192^3 GEMMs for this long per precision (default: skip)")
+    ap.add_argument("--json", type=Path, help="results, rewritten after each row")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profile = a.profile or device_profile(device)
     if profile is None:
         ap.error(f"no profile for device {device}: pass --profile")
-    results = []
-    for row_id in a.rows:
-        res = check_row(row_id, profile, a.seconds, device)
-        print(f"\n## {row_id} ({res['layout']}) on {device}, model profile {profile}")
-        print(f"{'kernel':<15} {'shape':<26} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6}")
-        for k in res["kernels"]:
-            print(f"{k['name']:<15} {str(k['shape']):<26} {k['predicted_s'] * 1e3:>12.3f} "
-                  f"{k['measured_s'] * 1e3:>11.3f} {k['measured_s'] / k['predicted_s']:>6.2f}")
-        kinds = ", ".join(f"{kind} {v:.2f}" for kind, v in res["measured_over_predicted"].items())
-        print(f"measured / predicted: layer {res['layer_measured_over_predicted']:.2f} ({kinds})")
-        results.append(res)
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
-    return results
+    row_ids = hopper_rows() if a.rows == ["hopper"] else a.rows
+    out: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                 else "cpu", "torch": torch.__version__, "ceilings": [], "rows": []}
+    if a.ceiling_seconds > 0:
+        fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+        for precision in ("bf16", "fp8") if fp8 else ("bf16",):
+            c = sustained_gemm(device, precision, a.ceiling_seconds)
+            peak = get_gpu(profile).gemm_tflops(precision)
+            print(f"sustained {precision} 8192^3: {c['tflops']:.1f} TFLOP/s "
+                  f"({c['tflops'] / peak:.1%} of {peak:g}), {c}", flush=True)
+            out["ceilings"].append(c)
+    for row_id in row_ids:
+        try:
+            res = check_row(row_id, profile, a.seconds, device)
+        except (RuntimeError, ValueError) as e:  # one row's failure must not lose the others
+            print(f"\n## {row_id}: not measured: {type(e).__name__}: {e}", flush=True)
+            res = {"row": row_id, "error": f"{type(e).__name__}: {e}"}
+        else:
+            _print_row(res, device)
+        out["rows"].append(res)
+        if a.json:
+            a.json.write_text(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":

@@ -212,20 +212,30 @@ def _host_bound(r: Run, c: Cost) -> None:
         times["host_overhead"] = max(0.0, host - sum(times.values()))
 
 
-def flash_attention(r: Run, gpu: GpuProfile) -> tuple[float, float]:
-    """(forward, backward) of one layer's causal fused attention, one micro-batch, one GPU.
+def attention_blocks(r: Run) -> list[tuple[float, float, bool, int, float]]:
+    """One layer's fused-attention blocks on one GPU, one micro-batch: (query length, key
+    length, causal, count, forward FLOPs of all `count`).
 
-    The kernel skips the masked half of the score matrix. Without CP it runs one s x s block
-    per sequence; under CP, Transformer Engine's load-balanced ring runs per sequence one causal
-    block of the rank's own s/cp tokens (1/cp of its FLOPs) and cp - 1 blocks of s/cp x
-    s/(2 cp), each at its own tile factor: smaller blocks, lower efficiency.
+    The kernel skips the masked half of the score matrix. Without CP it runs one s x s causal
+    block per sequence; under CP, Transformer Engine's load-balanced ring runs per sequence one
+    causal block of the rank's own s/cp tokens (1/cp of its FLOPs) and cp - 1 full blocks of
+    s/cp x s/(2 cp).
     """
     flops = 4 * r.micro_batch * r.seq_length / r.cp * r.seq_length * r.q_dim / r.tp * 0.5
     n = r.seq_length / r.cp
-    fwd, bwd = flash_attention_time(flops / r.cp, gpu, n, n)
+    blocks = [(n, n, True, 1, flops / r.cp)]
     if r.cp > 1:
-        ring_f, ring_b = flash_attention_time(flops * (r.cp - 1) / r.cp, gpu, n, n / 2)
-        fwd, bwd = fwd + ring_f, bwd + ring_b
+        blocks.append((n, n / 2, False, r.cp - 1, flops * (r.cp - 1) / r.cp))
+    return blocks
+
+
+def flash_attention(r: Run, gpu: GpuProfile) -> tuple[float, float]:
+    """(forward, backward) of one layer's fused attention blocks (`attention_blocks`), each at
+    its own tile factor: CP's smaller blocks run at lower efficiency."""
+    fwd = bwd = 0.0
+    for q_len, kv_len, _, _, flops in attention_blocks(r):
+        f, b = flash_attention_time(flops, gpu, q_len, kv_len)
+        fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
 
 

@@ -11,7 +11,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-from layer_kernels import check_row, device_profile, layer_kernels, measure  # noqa: E402
+from layer_kernels import (  # noqa: E402
+    _fp8_gemm,
+    check_row,
+    device_profile,
+    hopper_rows,
+    layer_kernels,
+    measure,
+)
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402
 from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
@@ -22,32 +29,55 @@ TINY = {"id": "t", "gpu": "h200", "num_gpus": 8, "num_layers": 4, "hidden": 256,
         "global_batch": 8, "swiglu": True, "ffn_hidden": 512}
 
 
-def test_kernels_are_the_models() -> None:
-    r = run_from_dict(TINY)
+@pytest.mark.parametrize("extra", [{}, {"cp": 2, "num_gpus": 16}, {"precision": "fp8"}])
+def test_kernels_are_the_models(extra) -> None:
+    r = run_from_dict({**TINY, **extra})
     gpu = get_gpu("h200")
     cost = layer_cost(r, gpu, link_profile(gpu))
     kernels = layer_kernels(r, "h200")
     gemm = sum(k.predicted_s for k in kernels if k.kind == "gemm")
     assert gemm == pytest.approx(cost.fwd["gemm"] + cost.bwd["gemm"])
-    attn = {k.kind: k.predicted_s for k in kernels if k.kind.startswith("attention")}
+    assert {k.precision for k in kernels if k.kind == "gemm"} == {r.precision}
+    attn = {"attention_fwd": 0.0, "attention_bwd": 0.0}
+    for k in kernels:
+        if k.kind in attn:
+            attn[k.kind] += k.predicted_s
     assert attn == pytest.approx({"attention_fwd": cost.fwd["attention"],
                                   "attention_bwd": cost.bwd["attention"]})
-    # QKV with SwiGLU at TP2: (tokens, (h + 2 kv) / tp, h); FC1 carries both SwiGLU matrices.
-    shapes = {k.name: k.shape for k in kernels}
-    assert shapes["qkv fwd"] == (512, 384, 256) and shapes["fc1 fwd"] == (512, 512, 256)
-    assert shapes["fc2 wgrad"] == (256, 256, 512)
+    # Under CP, the rank's causal block of s / cp tokens and cp - 1 ring blocks against s / 2cp.
+    blocks = {k.name: (k.shape, k.causal, k.count) for k in kernels if k.kind == "attention_fwd"}
+    if r.cp == 1:
+        assert blocks == {"attention fwd": ((2, 2, 256, 256, 64), True, 1)}
+    else:
+        assert blocks == {"attention fwd": ((2, 2, 128, 128, 64), True, 1),
+                          "attention ring fwd": ((2, 2, 128, 64, 64), False, 1)}
+    # QKV with SwiGLU at TP2: (tokens / cp, (h + 2 kv) / tp, h); FC1 carries both SwiGLU
+    # matrices.
+    shapes, tok = {k.name: k.shape for k in kernels}, 512 // r.cp
+    assert shapes["qkv fwd"] == (tok, 384, 256) and shapes["fc1 fwd"] == (tok, 512, 256)
+    assert shapes["fc2 wgrad"] == (256, 256, tok)
 
 
-def test_every_kind_times_here() -> None:
+@pytest.mark.parametrize("extra", [{"cp": 2, "num_gpus": 16}, {"precision": "fp8"}])
+def test_every_kind_times_here(extra) -> None:
     cpu = torch.device("cpu")
     assert device_profile(cpu) is None
-    for k in layer_kernels(run_from_dict(TINY), "h200"):
+    for k in layer_kernels(run_from_dict({**TINY, **extra}), "h200"):
         assert measure(k, cpu, 0.01) > 0 or k.kind == "attention_bwd", k.name
 
 
-def test_rows_it_cannot_check_say_so() -> None:
+def test_fp8_gemm_operands_are_te_hybrids() -> None:
+    """E4M3 forward, E5M2 for the output gradient in both backward GEMMs, B column-major."""
     cpu = torch.device("cpu")
-    with pytest.raises(SystemExit, match="BF16 rows only"):
-        check_row("bridge-llama3-70b-fp8", "h100-sxm", 0.01, cpu)
+    kernels = {k.name: k for k in layer_kernels(run_from_dict({**TINY, "precision": "fp8"}),
+                                                "h200")}
+    out = _fp8_gemm(kernels["qkv dgrad"], cpu)()
+    assert out.dtype == torch.bfloat16 and out.shape == kernels["qkv dgrad"].shape[:2]
+
+
+def test_hopper_rows_and_unknown_rows() -> None:
+    rows = hopper_rows()
+    assert "megatron-h100-1.7B" in rows and "bridge-llama3-70b-fp8" in rows
+    assert not any(r.startswith("narayanan") for r in rows)
     with pytest.raises(SystemExit, match="no published row"):
-        check_row("no-such-row", "h100-sxm", 0.01, cpu)
+        check_row("no-such-row", "h100-sxm", 0.01, torch.device("cpu"))
