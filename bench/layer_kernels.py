@@ -10,13 +10,16 @@ state the model's sustained ceiling describes), and prints predicted against mea
 BF16 rows only (torch's cuBLAS GEMMs and scaled_dot_product_attention; no Transformer
 Engine). Runs anywhere; the comparison means something on the GPU its profile describes:
 
-    python bench/layer_kernels.py [--rows ID ...] [--profile h200] [--seconds 1.0] [--json OUT]
+    python bench/layer_kernels.py [--rows ID ... | hopper] [--profile h200] [--seconds 1.0]
+                                  [--ceiling-seconds 16] [--json OUT]
+    python bench/layer_kernels.py --summarize bench/measured/h200-2026-12-04/layer_kernels.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -277,6 +280,43 @@ def _print_row(res: dict, device: torch.device) -> None:
           flush=True)
 
 
+def kernels_against_published(result: dict) -> dict:
+    """For one measured row: the model's step with its GEMM, attention and element-wise terms
+    scaled by the kernels' measured / predicted ratios (recompute by the whole layer's), and the
+    published step, both relative to the model's step. Terms sum to the step, so the scaling
+    ignores any overlap that would hide the longer kernels."""
+    row = {r["run"]["id"]: r for r in published_rows()}[result["row"]]
+    pred, est, _ = predicted(row)
+    b, step, ratio = est.breakdown, est.step_time_s, result["measured_over_predicted"]
+    longer = (b["gemm"] * (ratio["gemm"] - 1) + b["attention"] * (ratio["attention"] - 1)
+              + b["elementwise"] * (ratio["memory"] - 1)
+              + b["recompute"] * (result["layer_measured_over_predicted"] - 1))
+    slower = row["published"] / pred if row["metric"] == "iteration time s" \
+        else pred / row["published"]
+    return {"row": result["row"], "measured_kernels": 1 + longer / step, "published": slower}
+
+
+def summarize(path: Path) -> list[dict]:
+    """Print, for each row of a results file, the kernels' ratios and how much of the
+    published step they explain."""
+    results = [r for r in json.loads(path.read_text())["rows"] if "error" not in r]
+    print(f"{'row':<28} {'gemm':>5} {'attn':>5} {'mem':>5}  {'step with measured kernels':>26}"
+          f"  {'published step':>14}")
+    out = []
+    for res in results:
+        ratio, gap = res["measured_over_predicted"], kernels_against_published(res)
+        print(f"{res['row']:<28} {ratio['gemm']:>5.2f} {ratio['attention']:>5.2f} "
+              f"{ratio['memory']:>5.2f}  {gap['measured_kernels']:>26.3f}  "
+              f"{gap['published']:>14.3f}")
+        out.append(gap)
+    kernels = statistics.median(g["measured_kernels"] for g in out)
+    published = statistics.median(g["published"] for g in out)
+    print(f"{'median':<48} {kernels:>8.3f}  {published:>14.3f}\n(measured / predicted time "
+          f"per kind; steps relative to the model's: the kernels explain "
+          f"{(kernels - 1) / (published - 1):.0%} of the median gap)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS),
@@ -286,7 +326,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ceiling-seconds", type=float, default=0.0,
                     help="first time 8192^3 GEMMs for this long per precision (default: skip)")
     ap.add_argument("--json", type=Path, help="results, rewritten after each row")
+    ap.add_argument("--summarize", type=Path, metavar="JSON",
+                    help="measure nothing: read a results file and print each row's kernel "
+                         "ratios against the published step")
     a = ap.parse_args(argv)
+    if a.summarize:
+        return {"summary": summarize(a.summarize)}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profile = a.profile or device_profile(device)
     if profile is None:

@@ -120,11 +120,16 @@ def _base_env() -> dict[str, str]:
 
 def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = None,
                  env: dict[str, str] | None = None, timeout: float = 600,
-                 expect_success: bool = True, launcher: str = "fork") -> Run:
-    """Run pretrain_gpt.py on `nproc` ranks. `launcher`: "fork" (default) forks the ranks from
-    a process that has imported the trainer already (tests/forked_ranks.py: the same run, ~5 s
-    of CPU less per rank); "user" runs it as a user would, `python` for one process and torchrun
-    for several."""
+                 expect_success: bool = True, launcher: str | None = None) -> Run:
+    """Run pretrain_gpt.py on `nproc` ranks. `launcher`: "fork" forks the ranks from a process
+    that has imported the trainer already (tests/forked_ranks.py: the same run, ~5 s of CPU less
+    per rank); "user" runs it as a user would, `python` for one process and torchrun for
+    several. Default: "fork", except where CUDA is present: importing the trainer initializes
+    CUDA, which a forked process cannot use again (seen on the GPU machine, 2026-12-04)."""
+    if launcher is None:
+        import torch
+
+        launcher = "user" if torch.cuda.is_available() else "fork"
     save_args = ["--save", str(save_dir)] if save_dir else ["--no-save"]
     full_env = _base_env()
     full_env.update(env or {})

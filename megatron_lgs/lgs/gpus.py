@@ -28,6 +28,11 @@ fitted to a training run. Sources:
   material give other sustained H200 figures (755 in a later narration; 743-746, which this
   profile used until 2026-12-02, could not be found in any stored version): the ceiling is
   uncertain by about 5%.
+- [HERE] A check of the Hopper constants, not a source of them: bench/measured/h200-2026-12-04/
+  (`python bench/layer_kernels.py --rows hopper --ceiling-seconds 16`, one H200 at its 700 W
+  limit, torch 2.11): 8192^3 BF16 for 8 s after 8 s of warm-up 666.4 TFLOP/s at 1455 MHz,
+  where the curve below gives 676; FP8 1261.6; the 264 GEMMs of the 22 Hopper rows of
+  bench/published_runs.py at their shapes took a median 0.988 of the curve's time (0.86-1.07).
 - [POWER] H. He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable'
   Data!" (thonking.ai, 2024): A100 cuBLAS 8192^3 with randn inputs 257 TFLOP/s (82% of 312),
   with zeros 295: the chip is power-limited on random data. No sustained sweep of A100 is

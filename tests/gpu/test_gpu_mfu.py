@@ -28,7 +28,8 @@ STEPS = ["--train-iters", "12", "--log-interval", "4", "--eval-iters", "0"]
 def gpt_1b(data_cache) -> Run:
     """12 BF16 steps, a log line every 4: the last two intervals are the steady state."""
     return run_on("cuda", [*GPT_1B, *LOCAL, "--bf16", "--vocab-size", "512", "--lr", "1e-4",
-                           *STEPS, "--data-cache-dir", data_cache], None, timeout=300)
+                           "--min-lr", "1e-5", *STEPS, "--data-cache-dir", data_cache], None,
+                  timeout=300)
 
 
 def parameters_of(run: Run) -> int:

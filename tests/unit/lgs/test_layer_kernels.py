@@ -16,9 +16,12 @@ from layer_kernels import (  # noqa: E402
     check_row,
     device_profile,
     hopper_rows,
+    kernels_against_published,
     layer_kernels,
     measure,
+    summarize,
 )
+from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402
 from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
@@ -81,3 +84,25 @@ def test_hopper_rows_and_unknown_rows() -> None:
     assert not any(r.startswith("narayanan") for r in rows)
     with pytest.raises(SystemExit, match="no published row"):
         check_row("no-such-row", "h100-sxm", 0.01, torch.device("cpu"))
+
+
+def test_measured_kernels_scale_the_models_step() -> None:
+    """Kernels twice as slow as predicted lengthen the step by exactly their share of it."""
+    row = "megatron-h100-1.7B"
+    published = {r["run"]["id"]: r for r in published_rows()}[row]
+    pred, est, _ = predicted(published)
+    same = {"row": row, "measured_over_predicted": {"gemm": 1.0, "attention": 1.0, "memory": 1.0},
+            "layer_measured_over_predicted": 1.0}
+    gap = kernels_against_published(same)
+    assert gap["measured_kernels"] == pytest.approx(1.0)
+    assert gap["published"] == pytest.approx(pred / published["published"])
+    slow_gemm = {**same,
+                 "measured_over_predicted": {**same["measured_over_predicted"], "gemm": 2.0}}
+    share = est.breakdown["gemm"] / est.step_time_s
+    assert kernels_against_published(slow_gemm)["measured_kernels"] == pytest.approx(1 + share)
+
+
+def test_the_recorded_h200_measurement_summarizes() -> None:
+    """The file the README's kernel figures come from holds every Hopper row, each measured."""
+    path = Path(__file__).resolve().parents[3] / "bench/measured/h200-2026-12-04/layer_kernels.json"
+    assert [g["row"] for g in summarize(path)] == hopper_rows()

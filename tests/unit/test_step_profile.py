@@ -1,0 +1,47 @@
+"""bench/step_profile.py: kernel names land in the right kind, and a real CPU run's kinds and
+uncovered time add up to its wall time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY_GPT, _base_env
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from step_profile import kind_of  # noqa: E402
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>", "optimizer"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", "elementwise"),
+    ("aten::addmm", "gemm"),
+])
+def test_kernel_kinds(name, kind) -> None:
+    assert kind_of(name) == kind
+
+
+def test_a_cpu_run_adds_up(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench/step_profile.py"), "--skip", "1", "--steps", "2",
+         "--json", str(out), *TINY_GPT, "--eval-iters", "0", "--log-interval", "100"],
+        cwd=REPO, env=_base_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert len(res["walls_s"]) == 2 and res["wall_s"] > 0
+    assert res["kinds_s"]["gemm"] > 0 and res["model"] is None  # no GPU profile on a CPU
+    assert sum(res["kinds_s"].values()) + res["uncovered_s"] >= res["wall_s"] * (1 - 1e-9)
+    assert "uncovered" in proc.stdout
