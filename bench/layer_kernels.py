@@ -1,14 +1,15 @@
 """One transformer layer's kernels, timed on this device against the whole-step model.
 
 The published H100 runs are all slower than the model predicts (bench/published_runs.py), with
-GEMMs 59-90% of each predicted step. This check says which kernels carry the gap: for a row of
+GEMMs 58-89% of each predicted step. This check says which kernels carry the gap: for a row of
 that table it builds the layer's kernels at the row's per-GPU shapes (the GEMMs the model
-times, forward, data and weight gradient, of QKV, projection, FC1 and FC2; causal flash
-attention forward and backward; a LayerNorm and the MLP activation as memory-bound passes),
-runs each for `--seconds` (long enough for the board to reach its power-limited clock, the
-state the model's sustained ceiling describes), and prints predicted against measured time.
-BF16 rows only (torch's cuBLAS GEMMs and scaled_dot_product_attention; no Transformer
-Engine). Runs anywhere; the comparison means something on the GPU its profile describes:
+times, forward, data and weight gradient, of QKV, projection, FC1 and FC2, in BF16 or in FP8
+as Transformer Engine runs them through cuBLASLt; causal fused attention forward and backward
+under cuDNN and FlashAttention-2, and CP's ring blocks; a LayerNorm and the MLP activation as
+memory-bound passes), runs each for `--seconds` after the board has reached its power-limited
+clock (`--ceiling-seconds` of 8192^3 GEMMs first: the state the model's sustained ceiling
+describes), and prints predicted against measured time. torch's kernels, no Transformer
+Engine. Runs anywhere; the comparison means something on the GPU its profile describes:
 
     python bench/layer_kernels.py [--rows ID ... | hopper] [--profile h200] [--seconds 1.0]
                                   [--ceiling-seconds 16] [--json OUT]
