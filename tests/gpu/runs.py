@@ -29,6 +29,9 @@ GPT_1B = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads"
           "--ffn-hidden-size", "5632", "--disable-bias-linear",
           "--untie-embeddings-and-output-weights", "--micro-batch-size", "4",
           "--global-batch-size", "16"]
+# The GPU check's 1.3B training run: every flag but its steps, so that the CPU parses the very
+# list the GPU runs (tests/unit/test_gpu_check.py).
+GPT_1B_RUN = [*GPT_1B, *LOCAL, "--bf16", "--vocab-size", "512", "--lr", "1e-4", "--min-lr", "1e-5"]
 
 _PLATFORM_LINE = re.compile(r" platform: (\w+)/(\w+), transformer engine")
 

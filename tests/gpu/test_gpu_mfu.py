@@ -9,8 +9,7 @@ import pytest
 from megatron_lgs.metrics import gpu_peak_tflops, throughput
 from tests.conftest import Run
 from tests.gpu.runs import (
-    GPT_1B,
-    LOCAL,
+    GPT_1B_RUN,
     activation_bytes_estimate,
     logged_mfu,
     memory_report,
@@ -27,8 +26,7 @@ STEPS = ["--train-iters", "12", "--log-interval", "4", "--eval-iters", "0"]
 @pytest.fixture(scope="module")
 def gpt_1b(data_cache) -> Run:
     """12 BF16 steps, a log line every 4: the last two intervals are the steady state."""
-    return run_on("cuda", [*GPT_1B, *LOCAL, "--bf16", "--vocab-size", "512", "--lr", "1e-4",
-                           "--min-lr", "1e-5", *STEPS, "--data-cache-dir", data_cache], None,
+    return run_on("cuda", [*GPT_1B_RUN, *STEPS, "--data-cache-dir", data_cache], None,
                   timeout=300)
 
 

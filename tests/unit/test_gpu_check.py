@@ -125,7 +125,7 @@ def test_figures_file_keeps_every_figure_and_outcome(tmp_path):
 
 
 def test_mfu_arithmetic_of_the_1b_shape():
-    cfg = parse_args([*runs.GPT_1B, "--bf16", "--vocab-size", "512"], world_size=1)
+    cfg = parse_args(runs.GPT_1B_RUN, world_size=1)  # the GPU run's flags are accepted
     # Per layer and token, in multiply-adds: Q, K, V, output projections 4 h^2; SwiGLU's three
     # matrices 3 h f; attention scores and their product with V 2 s h. Plus the logits h V.
     # Training = 3 x forward, 2 FLOPs per multiply-add: 6 x.
@@ -227,3 +227,18 @@ def test_gpu_tests_read_the_trainers_own_lines():
     assert report["device"] == {"allocated": 7.0, "max_allocated": 9.0, "reserved": 10.0,
                                 "max_reserved": 11.0}
     assert runs.logged_mfu(run) == [30.0, 30.0, 30.0]
+
+
+def test_ranks_start_as_a_user_would_where_cuda_is_present(tiny, monkeypatch):
+    """A fork of the suite's forkserver cannot use CUDA (the GPU machine refused it on
+    2026-12-04): with CUDA present, run_pretrain's default launcher is a real process."""
+    import tests.conftest as suite
+
+    def no_fork(*args, **kwargs):
+        raise AssertionError("forked ranks where CUDA is present")
+
+    monkeypatch.setattr(suite, "run_ranks", no_fork)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    bad = suite.run_pretrain([*tiny, "--num-attention-heads", "3"], expect_success=False)
+    assert bad.returncode == 2
+    assert "--hidden-size (64) must be divisible" in bad.stderr
