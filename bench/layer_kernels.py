@@ -97,18 +97,28 @@ def layer_kernels(r: Run, profile: str) -> list[Kernel]:
 
 
 def _timed(fn, seconds: float, device: torch.device) -> float:
-    """Mean seconds of fn() over a loop of about `seconds` after a warm-up call. On CUDA the
-    loop replays a CUDA graph of fn() where fn can be captured, so that the host's launch
-    cost (the model's separate HOST_S_PER_KERNEL) does not hide short kernels' GPU time."""
+    """Mean seconds of fn() over a loop of about `seconds` after warm-up calls. On CUDA the
+    loop replays a CUDA graph of fn() where fn can be captured (warmed up on a side stream, as
+    torch's whole-network capture asks, so an autograd backward captures too), so that the
+    host's dispatch and launch cost (the model's separate HOST_S_PER_KERNEL) does not hide
+    short kernels' GPU time."""
     if device.type != "cuda":
         return _loop(fn, seconds, lambda: None)
-    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-    except RuntimeError:
+    except RuntimeError as e:  # timed eagerly instead, and said so in the log
+        print(f"layer_kernels: no CUDA graph ({str(e).splitlines()[0]}); timing eagerly",
+              flush=True)
+        torch.cuda.synchronize()
         return _loop(fn, seconds, torch.cuda.synchronize)
     return _loop(graph.replay, seconds, torch.cuda.synchronize)
 
@@ -171,12 +181,11 @@ def _attention_time(kernel: Kernel, device: torch.device, seconds: float) -> flo
     q = new(b, heads, q_len, d).requires_grad_()
     k, v = (new(b, heads, kv_len, d).requires_grad_() for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fwd = _loop(lambda: sdpa(q, k, v, is_causal=kernel.causal), seconds, sync)
+    fwd = _timed(lambda: sdpa(q, k, v, is_causal=kernel.causal), seconds, device)
     if kernel.kind == "attention_fwd":
         return kernel.count * fwd
     grad = new(b, heads, q_len, d)
-    both = _loop(lambda: sdpa(q, k, v, is_causal=kernel.causal).backward(grad), seconds, sync)
+    both = _timed(lambda: sdpa(q, k, v, is_causal=kernel.causal).backward(grad), seconds, device)
     return kernel.count * max(both - fwd, 0.0)
 
 
