@@ -46,6 +46,10 @@ KINDS = (
 )
 
 
+# Kernels listed by name, longest first: which of a kind's kernels carry its time.
+TOP_KERNELS = 15
+
+
 def kind_of(name: str) -> str:
     low = name.lower()
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "elementwise")
@@ -77,15 +81,18 @@ def profile_steps(trainer: Trainer, skip: int, steps: int) -> dict:
             sync()
             walls.append(time.perf_counter() - start)
     kinds: dict[str, float] = {}
+    kernels = []
     for event in prof.key_averages():
         if cuda and event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         if not cuda and not event.key.startswith(("aten::", "c10d::")):
             continue
-        kind = kind_of(event.key)
-        kinds[kind] = kinds.get(kind, 0.0) + _self_time_us(event, cuda) / 1e6 / steps
+        kind, seconds = kind_of(event.key), _self_time_us(event, cuda) / 1e6 / steps
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+        kernels.append({"name": event.key, "kind": kind, "s": seconds, "calls": event.count})
     wall = sum(walls) / steps
-    return {"wall_s": wall, "walls_s": walls, "kinds_s": kinds,
+    top = sorted(kernels, key=lambda k: -k["s"])[:TOP_KERNELS]
+    return {"wall_s": wall, "walls_s": walls, "kinds_s": kinds, "top_kernels": top,
             "uncovered_s": max(0.0, wall - sum(kinds.values()))}
 
 
@@ -128,6 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {kind:<14} {s * 1e3:9.1f} ms  {s / out['wall_s']:6.1%}")
     print(f"  {'uncovered':<14} {out['uncovered_s'] * 1e3:9.1f} ms  "
           f"{out['uncovered_s'] / out['wall_s']:6.1%}")
+    print("longest kernels per step (ms, calls per step, kind):")
+    for k in out["top_kernels"]:
+        print(f"  {k['s'] * 1e3:9.2f} {k['calls'] / a.steps:7.0f}  {k['kind']:<13} "
+              f"{k['name'][:110]}")
     if out["model"]:
         terms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in out["model"]["breakdown_s"].items()
                           if v > 0)

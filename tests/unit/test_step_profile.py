@@ -44,4 +44,7 @@ def test_a_cpu_run_adds_up(tmp_path: Path) -> None:
     assert len(res["walls_s"]) == 2 and res["wall_s"] > 0
     assert res["kinds_s"]["gemm"] > 0 and res["model"] is None  # no GPU profile on a CPU
     assert sum(res["kinds_s"].values()) + res["uncovered_s"] >= res["wall_s"] * (1 - 1e-9)
+    top = res["top_kernels"]
+    assert top and [k["s"] for k in top] == sorted((k["s"] for k in top), reverse=True)
+    assert sum(k["s"] for k in top if k["kind"] == "gemm") <= res["kinds_s"]["gemm"] + 1e-12
     assert "uncovered" in proc.stdout
