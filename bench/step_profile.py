@@ -30,7 +30,8 @@ import megatron_lgs  # noqa: E402,F401  (prepares megatron-core for this machine
 import pretrain_gpt  # noqa: E402
 from megatron_lgs import data  # noqa: E402
 from megatron_lgs.arguments import parse_args  # noqa: E402
-from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
+from megatron_lgs.lgs.plan_run import trainer_run_fields  # noqa: E402
+from megatron_lgs.lgs.runspec import Run, check_run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import predict_run  # noqa: E402
 from megatron_lgs.training import Trainer  # noqa: E402
 
@@ -100,18 +101,14 @@ def modelled(trainer: Trainer, profile: str | None) -> dict | None:
     """The whole-step model's prediction of this run (one process) on `profile`."""
     if profile is None:
         return None
-    m, t, cfg = trainer.cfg.model, trainer.cfg.training, trainer.cfg
-    if cfg.parallel.world_size != 1 or m.num_experts or cfg.precision.name == "fp32":
+    cfg = trainer.cfg
+    if cfg.parallel.world_size != 1 or cfg.precision.name == "fp32":
         return None
-    te = trainer.platform.te_available and m.transformer_impl != "local"
-    run = run_from_dict({
-        "id": "this run", "gpu": profile, "num_gpus": 1, "num_layers": m.num_layers,
-        "hidden": m.hidden_size, "ffn_hidden": m.ffn_size, "heads": m.num_attention_heads,
-        "kv_heads": m.query_groups, "vocab": trainer.datasets.vocab_size,
-        "seq_length": m.seq_length, "tp": 1, "pp": 1, "micro_batch": t.micro_batch_size,
-        "global_batch": t.global_batch_size, "swiglu": m.swiglu,
-        "precision": cfg.precision.name, "flash_attention": te,
-        "dropout": max(m.hidden_dropout, m.attention_dropout)})
+    model, layout = trainer_run_fields(cfg, 1)
+    te = trainer.platform.te_available and cfg.model.transformer_impl != "local"
+    run = Run(id="this run", gpu=profile, **model, **layout, dp=1,
+              precision=cfg.precision.name, flash_attention=te)
+    check_run(run)
     est = predict_run(run)
     return {"profile": profile, "step_s": est.step_time_s, "breakdown_s": est.breakdown}
 

@@ -97,7 +97,12 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
     from megatron_lgs.launch_configs import load_config, world_size
 
     name, cdir = _config_name(spec)
-    cfg = load_config(name, cdir)
+    return trainer_run_fields(load_config(name, cdir), world_size(name))
+
+
+def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
+    """(model fields, layout fields) of a `Run` for the trainer's parsed config `cfg`
+    (`megatron_lgs.run_config.Config`) on `num_gpus` GPUs."""
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
@@ -111,7 +116,7 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)
     vpp = par.virtual_pipeline_size(m.num_layers) or 1
-    layout = dict(num_gpus=world_size(name), tp=par.tensor_model_parallel_size,
+    layout = dict(num_gpus=num_gpus, tp=par.tensor_model_parallel_size,
                   pp=par.pipeline_model_parallel_size, cp=par.context_parallel_size,
                   ep=par.expert_model_parallel_size,
                   etp=par.expert_tensor_parallel_size or par.tensor_model_parallel_size,

@@ -48,3 +48,19 @@ def test_a_cpu_run_adds_up(tmp_path: Path) -> None:
     assert top and [k["s"] for k in top] == sorted((k["s"] for k in top), reverse=True)
     assert sum(k["s"] for k in top if k["kind"] == "gemm") <= res["kinds_s"]["gemm"] + 1e-12
     assert "uncovered" in proc.stdout
+
+
+def test_the_model_beside_it_reads_the_trainers_config() -> None:
+    """On a GPU the profile prints the whole-step model's prediction of the same run, built from
+    the trainer's parsed config as the planner builds it from a launch config; an fp32 run has
+    no such prediction (the model times BF16, FP16 and FP8)."""
+    from types import SimpleNamespace
+
+    from step_profile import modelled, parse_args
+
+    no_te = SimpleNamespace(te_available=False)
+    bf16 = SimpleNamespace(cfg=parse_args([*TINY_GPT, "--bf16"], world_size=1), platform=no_te)
+    fp32 = SimpleNamespace(cfg=parse_args(TINY_GPT, world_size=1), platform=no_te)
+    m = modelled(bf16, "h200")
+    assert m["profile"] == "h200" and m["step_s"] == pytest.approx(sum(m["breakdown_s"].values()))
+    assert m["breakdown_s"]["attention"] > 0 and modelled(fp32, "h200") is None
