@@ -35,6 +35,7 @@ from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import GPUS, get_gpu  # noqa: E402
 from megatron_lgs.lgs.kernels import flash_attention_time, gemm_time, memory_time  # noqa: E402
+from megatron_lgs.lgs.plan_run import HOPPER  # noqa: E402
 from megatron_lgs.lgs.runspec import Run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import attention_blocks  # noqa: E402
 
@@ -274,8 +275,7 @@ def device_profile(device: torch.device) -> str | None:
 
 def hopper_rows() -> list[str]:
     """Every published row on a Hopper GPU (the rows the model predicts too fast)."""
-    return [row["run"]["id"] for row in published_rows()
-            if row["run"]["gpu"] in ("h100-sxm", "h800", "h200")]
+    return [row["run"]["id"] for row in published_rows() if row["run"]["gpu"] in HOPPER]
 
 
 def _print_row(res: dict, device: torch.device) -> None:
@@ -290,12 +290,11 @@ def _print_row(res: dict, device: torch.device) -> None:
           flush=True)
 
 
-def kernels_against_published(result: dict) -> dict:
+def kernels_against_published(result: dict, row: dict) -> dict:
     """For one measured row: the model's step with its GEMM, attention and element-wise terms
     scaled by the kernels' measured / predicted ratios (recompute by the whole layer's), and the
     published step, both relative to the model's step. Terms sum to the step, so the scaling
-    ignores any overlap that would hide the longer kernels."""
-    row = {r["run"]["id"]: r for r in published_rows()}[result["row"]]
+    ignores any overlap that would hide the longer kernels. `row`: its published row."""
     pred, est, _ = predicted(row)
     b, step, ratio = est.breakdown, est.step_time_s, result["measured_over_predicted"]
     longer = (b["gemm"] * (ratio["gemm"] - 1) + b["attention"] * (ratio["attention"] - 1)
@@ -310,11 +309,13 @@ def summarize(path: Path) -> list[dict]:
     """Print, for each row of a results file, the kernels' ratios and how much of the
     published step they explain."""
     results = [r for r in json.loads(path.read_text())["rows"] if "error" not in r]
+    rows = {row["run"]["id"]: row for row in published_rows()}
     print(f"{'row':<28} {'gemm':>5} {'attn':>5} {'mem':>5}  {'step with measured kernels':>26}"
           f"  {'published step':>14}")
     out = []
     for res in results:
-        ratio, gap = res["measured_over_predicted"], kernels_against_published(res)
+        ratio = res["measured_over_predicted"]
+        gap = kernels_against_published(res, rows[res["row"]])
         print(f"{res['row']:<28} {ratio['gemm']:>5.2f} {ratio['attention']:>5.2f} "
               f"{ratio['memory']:>5.2f}  {gap['measured_kernels']:>26.3f}  "
               f"{gap['published']:>14.3f}")
