@@ -53,13 +53,21 @@ fitted to a training run. Sources:
   Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv
   2507.03114, 2025), measure the consequence: compute overlapped with communication runs 18.9%
   slower on average (A100, H100, MI250, MI210).
+- [SPREAD] The same power-limited chips do not run at one rate. [MSMF]'s benchmarks/README.md,
+  "alone vs all-8 concurrent": H200 BF16 on all 8 GPUs of a node at once, 5 rounds (n = 40),
+  MSMF mean 698.6 TFLOP/s, range 4.5%, clocks 1405-1527 MHz ("a full-node training run will see
+  something closer to the concurrent distribution"). P. Sinha et al., "Not All GPUs Are Created
+  Equal: Characterizing Variability in Large-Scale, Accelerator-Rich Systems" (SC22, arXiv
+  2208.11035): across the GPUs of five production clusters, "8% (max 22%) average performance
+  variation" for the same SKU, a spread of the same order over thousands of GPUs.
 - [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
   (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 from megatron_lgs.lgs.costmodel import GB, HardwareProfile, Link
 
@@ -81,6 +89,10 @@ HOPPER_BF16, HOPPER_FP8, AMPERE = 0.716, 0.651, 0.824
 # cudaLaunchKernel): [LAUNCH] puts the CPU side of one op at ~5-25 us, of which the driver's
 # launch is ~1-3 us; we take 10 us. Not GPU-specific; it binds only where kernels are short.
 HOST_S_PER_KERNEL = 10e-6
+# Relative standard deviation of the sustained tensor-core rate across GPUs running at once
+# ([SPREAD]: a range of 4.5% over 40 concurrent samples is 1.04 sigma-units of 4.32, the
+# expected range of 40 normal draws). Taken for every GPU type, as a normal distribution.
+CLOCK_SPREAD = 0.01
 # SMs an NCCL collective holds while it runs beside compute ([NCCL689], the DGX figure; taken
 # for every GPU and every collective group): the compute beside it runs on the rest.
 NCCL_COMM_SMS = 16
@@ -144,6 +156,25 @@ def get_gpu(name: str) -> GpuProfile:
         return GPUS[name]
     except KeyError:
         raise ValueError(f"unknown gpu {name!r}; known: {sorted(GPUS)}") from None
+
+
+def slowest_gpu(gpu: GpuProfile, num_gpus: int) -> GpuProfile:
+    """`gpu` as the slowest of `num_gpus` that step together.
+
+    A synchronous step waits at every collective for its slowest rank, so a job computes at
+    the pace of its slowest GPU ([SPREAD]): the expected largest of `num_gpus` standard normal
+    draws (Blom's approximation), times `CLOCK_SPREAD`, comes off the tensor-core ceilings
+    (GEMMs and fused attention). Memory-bound work runs at the HBM's clock and keeps its rate.
+    One GPU is its own slowest.
+    """
+    if num_gpus <= 1:
+        return gpu
+    z = NormalDist().inv_cdf((num_gpus - 0.375) / (num_gpus + 0.25))
+    keep = 1.0 - CLOCK_SPREAD * z
+    fp8 = gpu.fp8_max_efficiency
+    return replace(gpu, gemm_max_efficiency=gpu.gemm_max_efficiency * keep,
+                   attention_efficiency=gpu.attention_efficiency * keep,
+                   fp8_max_efficiency=fp8 * keep if fp8 else fp8)
 
 
 def inter_bandwidth_Bps(nic_gbit_per_gpu: float) -> float:

@@ -38,7 +38,8 @@ per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and sca
 flattening of the gradient buffer), both counted in `gradbuffer`. Every NCCL collective that
 runs beside compute (the replay's reductions, the overlapped gathers, ZeRO's per-micro-batch
 traffic, TE's asynchronous TP collectives, the overlapped all-to-alls) holds
-`gpus.NCCL_COMM_SMS` SMs the compute lacks meanwhile. Every number is a prediction.
+`gpus.NCCL_COMM_SMS` SMs the compute lacks meanwhile. The GEMMs and attention of a job of N
+GPUs run at the pace of the slowest of the N (`gpus.slowest_gpu`). Every number is a prediction.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from megatron_lgs.lgs.gpus import (
     GpuProfile,
     get_gpu,
     link_profile,
+    slowest_gpu,
 )
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import (
@@ -423,7 +425,7 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
     The compute end is a lower bound of the step (every later term is >= 0): the planner
     prunes with it before replaying the gradient sync.
     """
-    gpu = get_gpu(r.gpu)
+    gpu = slowest_gpu(get_gpu(r.gpu), r.num_gpus)
     hw = hw or link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     costs = stage_costs(r, gpu, hw)
     if r.zero >= 2:
@@ -464,7 +466,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets; else
     LGS's engine at those thresholds, or (`flat_buckets`) a DDP that reduces buckets of the
     intra threshold one after another on one channel (PyTorch DDP's `bucket_cap_mb`)."""
-    gpu = get_gpu(r.gpu)
+    gpu = slowest_gpu(get_gpu(r.gpu), r.num_gpus)
     hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
     w = sync_workload(r, hw)
     costs, compute_end, crit = compute_phase(r)

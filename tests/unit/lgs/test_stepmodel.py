@@ -12,7 +12,14 @@ from megatron_lgs.lgs.flops import (
     layer_flops_per_token,
     model_flops_per_step,
 )
-from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, get_gpu, link_profile
+from megatron_lgs.lgs.gpus import (
+    CLOCK_SPREAD,
+    GEMM_HALF_DIM,
+    HBM_EFFICIENCY,
+    get_gpu,
+    link_profile,
+    slowest_gpu,
+)
 from megatron_lgs.lgs.kernels import (
     all_to_all_time,
     flash_attention_time,
@@ -62,6 +69,29 @@ def test_fp8_gemm_runs_at_its_own_sustained_ceiling() -> None:
     fp8, bf16 = gemm_time(m, n, k, h100, "fp8"), gemm_time(m, n, k, h100, "bf16")
     assert fp8 == pytest.approx(2 * m * n * k / (1979e12 * 0.651 * shape))
     assert bf16 / fp8 == pytest.approx(1979 * 0.651 / (989 * 0.716))
+
+
+def test_slowest_gpu_by_hand() -> None:
+    """A job of 8 GPUs computes at the expected slowest of 8 normal draws: Blom's
+    z = inv_cdf(7.625 / 8.25) = 1.4338 spreads below the mean; memory-bound work keeps its rate."""
+    h100 = get_gpu("h100-sxm")
+    keep = 1 - CLOCK_SPREAD * 1.43381
+    eight = slowest_gpu(h100, 8)
+    assert eight.gemm_max_efficiency == pytest.approx(0.716 * keep, rel=1e-5)
+    assert eight.fp8_max_efficiency == pytest.approx(0.651 * keep, rel=1e-5)
+    assert eight.attention_efficiency == pytest.approx(0.50 * keep, rel=1e-5)
+    assert eight.hbm_gbps == h100.hbm_gbps and eight.peak_tflops == h100.peak_tflops
+    assert slowest_gpu(h100, 1) is h100
+    assert slowest_gpu(A100, 2).fp8_max_efficiency is None
+    ceilings = [slowest_gpu(h100, n).gemm_max_efficiency for n in (2, 8, 64, 1024, 16384)]
+    assert ceilings == sorted(ceilings, reverse=True)
+    # The whole-step model takes it: a stage's attention is its layers' on the slowest GPU.
+    r = run(num_gpus=8, tp=8, pp=1, global_batch=8)
+    hw = link_profile(A100, 8)
+    stage = compute_phase(r)[0][0]
+    slow = layer_cost(r, slowest_gpu(A100, 8), hw).fwd["attention"] * r.num_layers
+    assert stage.fwd["attention"] == pytest.approx(slow)
+    assert slow > layer_cost(r, A100, hw).fwd["attention"] * r.num_layers
 
 
 def test_gemm_curve_against_published_h100_measurements() -> None:
@@ -237,7 +267,7 @@ def test_pipeline_p2p_bubble_recompute_by_hand() -> None:
     slow = replace(r, overlap_p2p_comm=True, nic_gbit_per_gpu=1.0)
     hw1 = link_profile(A100, nic_gbit_per_gpu=1.0)
     one1 = hw1.inter.alpha_s + 2048 * 4096 * 2 / 4 / hw1.inter.bandwidth_Bps
-    layer1 = layer_cost(slow, A100, hw1)
+    layer1 = layer_cost(slow, slowest_gpu(A100, slow.num_gpus), hw1)
     c1 = compute_phase(slow)[0][0]
     assert c1.fwd["pp_p2p"] == pytest.approx(2 * (one1 - 2 * layer1.fwd_s))
     assert c1.bwd["pp_p2p"] == pytest.approx(2 * max(0.0, one1 - 2 * layer1.bwd_s))
