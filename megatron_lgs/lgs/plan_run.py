@@ -43,7 +43,7 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (NVIDIA's, "
                  "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
-                 "23%, though their GEMM and attention kernels, measured on an H200, run at "
+                 "20%, though their GEMM and attention kernels, measured on an H200, run at "
                  "its times (bench/measured/h200-2026-12-04); rank layouts by it, do not take "
                  "its MFU as a promise")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
