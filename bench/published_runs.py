@@ -182,13 +182,14 @@ MEGATRON_MOE = ("Megatron-LM megatron/core/transformer/moe/README.md (Megatron-C
 # reduction and parameter gathers, TE 1.9's grouped GEMM (one local expert here, so one GEMM).
 # No dropout: the file leaves it out; Megatron-LM's Mixtral example
 # (examples/mixtral/train_mixtral_8x7b_distributed.sh) sets --attention-dropout 0.0
-# --hidden-dropout 0.0.
+# --hidden-dropout 0.0. RoPE, fused as Megatron-LM fuses it unless told --no-rope-fusion.
 MEGATRON_MOE_RUN = {"id": "megatron-moe-mixtral-8x7b", "gpu": "h100-sxm", "num_gpus": 64,
                     "num_layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
                     "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 1, "pp": 4,
                     "ep": 8, "vpp": 8, "micro_batch": 1, "global_batch": 256,
                     "recompute": "none", "precision": "bf16", "swiglu": True, "num_experts": 8,
-                    "moe_topk": 2, "distributed_optimizer": True, "dropout": 0.0}
+                    "moe_topk": 2, "distributed_optimizer": True, "dropout": 0.0,
+                    "position_embedding": "rope"}
 
 
 def megatron_moe_rows() -> list[dict]:
@@ -217,14 +218,15 @@ MEGATRON_BRIDGE = ("NeMo Megatron-Bridge docs/performance-summary.md, 25.11 NeMo
 # (account_for_embedding/loss_in_pipeline_split), 128 / 64 chunks of 2, the first and the last
 # chunk holding one transformer layer. No dropout: Bridge's Llama providers set hidden and
 # attention dropout 0.0 (src/megatron/bridge/models/llama/llama_provider.py), its Qwen3 MoE
-# provider too (models/qwen/qwen_provider.py).
+# provider too (models/qwen/qwen_provider.py). RoPE on Llama and Qwen3, fused (Megatron-LM's
+# default, which the recipes leave on).
 MEGATRON_BRIDGE_RUN = {"id": "bridge-llama3-70b-fp8", "gpu": "h100-sxm", "num_gpus": 64,
                        "num_layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
                        "kv_heads": 8, "vocab": 128256, "seq_length": 8192, "tp": 4, "pp": 8,
                        "vpp": 5, "micro_batch": 1, "global_batch": 128, "recompute": "none",
                        "precision": "fp8", "swiglu": True, "distributed_optimizer": True,
                        "tp_comm_overlap": True, "grad_reduce_in_fp32": False,
-                       "fp8_recipe": "current", "dropout": 0.0}
+                       "fp8_recipe": "current", "dropout": 0.0, "position_embedding": "rope"}
 
 
 MEGATRON_BRIDGE_405B_RUN = {
@@ -251,11 +253,12 @@ NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md, 'Pretrainin
 # and parameter sync, BF16 gradient sync (NeMo-Megatron-Launcher's GPT-3 configs set
 # `grad_sync_dtype: bf16`; with FP32 gradients the model puts three of these layouts over
 # 80 GB), no recompute, flash attention. GPT-3: GeLU MLP 4h, GPT-2 vocabulary padded to
-# 50304, tied embeddings, dropout 0.1; Llama 2 / 3: SwiGLU, untied, no dropout
-# (NeMo-Framework-Launcher's launcher_scripts/conf/training/gpt3/5b.yaml and
-# llama/llama2_7b.yaml). Compared in tokens per second.
+# 50304, tied embeddings, dropout 0.1, learned absolute positions; Llama 2 / 3: SwiGLU, untied,
+# no dropout, RoPE with `apply_rope_fusion: true` (NeMo-Framework-Launcher's
+# launcher_scripts/conf/training/gpt3/5b.yaml and llama/llama2_7b.yaml). Compared in tokens per
+# second.
 GPT3 = {"swiglu": False, "untie_embeddings": False, "dropout": 0.1}
-LLAMA = {"swiglu": True, "dropout": 0.0}
+LLAMA = {"swiglu": True, "dropout": 0.0, "position_embedding": "rope"}
 NEMO_MODELS = {
     # layers, hidden, heads, kv heads, ffn (0: 4h), vocab, sequence, family
     "gpt3-5b": (24, 4096, 32, 32, 0, 50304, 2048, GPT3),
@@ -403,7 +406,7 @@ QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus"
                  "fp8_recipe": "current", "swiglu": True, "num_experts": 128, "moe_topk": 8,
                  "moe_ffn_hidden": 768, "distributed_optimizer": True,
                  "grad_reduce_in_fp32": False, "moe_a2a_overlap": True, "qk_layernorm": True,
-                 "dropout": 0.0}
+                 "dropout": 0.0, "position_embedding": "rope"}
 # Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads of 128 with 4 KV groups, 128 experts of
 # 1536, top-8; 256 H100, TP2 (sequence parallel, no TP overlap: the H100 recipe turns it off)
 # PP8 VP4 EP32 (expert TP 1), the embedding and the loss counted as pipeline layers (the

@@ -29,7 +29,11 @@ Megatron-LM's flag names, recompute_num_layers (null: full recompute of every la
 Megatron's block method, the first N layers of each model chunk), moe_a2a_overlap (false;
 true: megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
 moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute),
-qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm), and
+qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm),
+position_embedding (learned_absolute, Megatron-LM's --position-embedding-type default; rope:
+rotary embeddings applied to every query and key, charged as element-wise passes; none),
+rope_fusion (true, Megatron-LM's default: Transformer Engine's fused kernel; false, its
+--no-rope-fusion: megatron-core's unfused torch ops; read only with rope), and
 dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen and Mixtral
 recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`).
 """
@@ -45,6 +49,7 @@ from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_spl
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 
 
 class RunError(ValueError):
@@ -104,6 +109,8 @@ class Run:
     head_dim: int = 0  # 0: hidden / heads
     moe_a2a_overlap: bool = False
     qk_layernorm: bool = False
+    position_embedding: str = "learned_absolute"
+    rope_fusion: bool = True
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
@@ -246,6 +253,9 @@ def check_run(r: Run) -> None:
         raise RunError("precision", f"must be one of {PRECISIONS}, got {r.precision!r}")
     if r.fp8_recipe not in FP8_RECIPES:
         raise RunError("fp8_recipe", f"must be one of {FP8_RECIPES}, got {r.fp8_recipe!r}")
+    if r.position_embedding not in POSITION_EMBEDDINGS:
+        raise RunError("position_embedding",
+                       f"must be one of {POSITION_EMBEDDINGS}, got {r.position_embedding!r}")
     gpu = GPUS[r.gpu]
     if r.precision == "fp8" and gpu.fp8_tflops is None:
         raise RunError("precision", f"{r.gpu} has no FP8 tensor cores")

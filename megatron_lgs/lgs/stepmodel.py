@@ -116,6 +116,12 @@ CE_PASSES_FWD, CE_PASSES_BWD = 9.5, 3.5
 # cast pass follows (`normalization.cpp`, `force_unfused_kernel`). Weights are cast once per
 # step, not counted.
 FP8_QUANTIZE_BYTES = {"delayed": 4.0, "current": 6.0}
+# Rotary embeddings, passes over each query and key element (BF16), forward and backward:
+# Transformer Engine's fused kernel reads and writes it once each way (`fused_rope.cu`);
+# megatron-core 0.16's unfused `_apply_rotary_pos_emb_bshd` (mul cos, neg + cat for the
+# rotated half, mul sin, add, cat with the empty unrotated rest) makes 12 forward and, through
+# autograd, 14 backward (counted on its own ops, tests/unit/lgs/test_rope_passes.py).
+ROPE_PASSES = {True: (2.0, 2.0), False: (12.0, 14.0)}
 FP8_NORM_FUSED_BYTES = {"delayed": 0.0, "current": 4.0}
 
 
@@ -278,9 +284,13 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
     # Query/key norms (Qwen3): one read and one write of this rank's Q and K forward, three
     # passes backward (input, output gradient, input gradient), BF16.
-    qk = tok * (r.q_dim + r.kv_dim) / t * 2 if r.qk_layernorm else 0.0
-    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd + 2 * qk, gpu)
-    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd + 3 * qk, gpu)
+    qk_bytes = tok * (r.q_dim + r.kv_dim) / t * 2
+    qk = qk_bytes if r.qk_layernorm else 0.0
+    rope_f, rope_b = ROPE_PASSES[r.rope_fusion] if r.position_embedding == "rope" else (0, 0)
+    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd + 2 * qk
+                                       + rope_f * qk_bytes, gpu)
+    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd + 3 * qk
+                                       + rope_b * qk_bytes, gpu)
     c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
     expert_tp = expert_tp_comm(r, hw, tok)  # gather and scatter, each direction
     c.fwd["tp_comm"] += expert_tp

@@ -446,6 +446,24 @@ def test_elementwise_and_unfused_attention_by_hand() -> None:
     assert u.fwd["elementwise"] - c.fwd["elementwise"] == pytest.approx(4.5 * score / hbm)
 
 
+def test_rope_by_hand() -> None:
+    """RoPE reads and writes every query and key element, BF16: fused (TE's kernel) 2 passes
+    each way; unfused (megatron-core's torch ops) 12 forward, 14 backward. GQA: 8 KV heads."""
+    r = run(pp=1, num_gpus=32, kv_heads=8)  # TP4: 8 query heads and 2 KV heads a rank
+    hw = link_profile(A100)
+    base = layer_cost(r, A100, hw)
+    qk = 2048 * (4096 + 8 * 128) / 4 * 2 / (2039e9 * HBM_EFFICIENCY)
+    fused = layer_cost(replace(r, position_embedding="rope"), A100, hw)
+    assert fused.fwd["elementwise"] - base.fwd["elementwise"] == pytest.approx(2 * qk)
+    assert fused.bwd["elementwise"] - base.bwd["elementwise"] == pytest.approx(2 * qk)
+    torch_ops = layer_cost(replace(r, position_embedding="rope", rope_fusion=False), A100, hw)
+    assert torch_ops.fwd["elementwise"] - base.fwd["elementwise"] == pytest.approx(12 * qk)
+    assert torch_ops.bwd["elementwise"] - base.bwd["elementwise"] == pytest.approx(14 * qk)
+    assert layer_cost(replace(r, rope_fusion=False), A100, hw).fwd == base.fwd
+    with pytest.raises(RunError, match="position_embedding"):
+        run(position_embedding="alibi")
+
+
 def test_fp8_casts_by_hand() -> None:
     """FP8 adds Transformer Engine's casts of the GEMM operands to the element-wise traffic:
     4 B per element (read BF16, write FP8 row- and column-wise), 6 B with current scaling; the
