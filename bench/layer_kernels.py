@@ -35,9 +35,9 @@ from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import GPUS, get_gpu  # noqa: E402
 from megatron_lgs.lgs.kernels import flash_attention_time, gemm_time, memory_time  # noqa: E402
+from megatron_lgs.lgs.layercost import attention_blocks  # noqa: E402
 from megatron_lgs.lgs.plan_run import HOPPER  # noqa: E402
 from megatron_lgs.lgs.runspec import Run  # noqa: E402
-from megatron_lgs.lgs.stepmodel import attention_blocks  # noqa: E402
 
 DEFAULT_ROWS = ("megatron-h100-1.7B", "megatron-h100-177B", "megatron-moe-mixtral-8x7b")
 # torch.cuda.get_device_name() substrings -> the profile the kernels are compared with.
@@ -58,7 +58,7 @@ class Kernel:
 
 
 def _attention(r: Run, gpu) -> list[Kernel]:
-    """Forward and backward of each of `stepmodel.attention_blocks`, at the model's times."""
+    """Forward and backward of each of `layercost.attention_blocks`, at the model's times."""
     heads, d, b = r.heads // r.tp, r.head_dim, r.micro_batch
     out = []
     for q_len, kv_len, causal, count, flops in attention_blocks(r):

@@ -1,10 +1,10 @@
 """The whole-step model: one training step of a run, term by term, from kernels to the sync.
 
-Per micro-batch and pipeline stage, every op of a layer is timed by `kernels` (GEMMs on a
-roofline with the profile's shape-dependent efficiency; attention with its s^2 part, fused or
-as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations, dropouts and
-FP8 casts), and the model-parallel communication is added where Megatron puts it on the
-critical path:
+Per micro-batch and pipeline stage, every op of a layer is timed by `layercost` on `kernels`
+(GEMMs on a roofline with the profile's shape-dependent efficiency; attention with its s^2
+part, fused or as batched GEMMs plus softmax/dropout traffic; memory-bound norms, activations,
+dropouts, RoPE and FP8 casts), and the model-parallel communication is added where Megatron
+puts it on the critical path:
 
 - tensor parallel: each linear layer's collectives (all-reduces, or with sequence parallelism
   all-gathers and reduce-scatters, 4 forward and 6 backward per layer) on the intra-node link
@@ -44,13 +44,12 @@ GPUs run at the pace of the slowest of the N (`gpus.slowest_gpu`). Every number 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
 from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
 from megatron_lgs.lgs.flops import model_flops_per_step
 from megatron_lgs.lgs.gpus import (
-    HOST_S_PER_KERNEL,
     NCCL_COMM_SMS,
     GpuProfile,
     get_gpu,
@@ -58,15 +57,8 @@ from megatron_lgs.lgs.gpus import (
     slowest_gpu,
 )
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
-from megatron_lgs.lgs.kernels import (
-    flash_attention_time,
-    gemm_fwd_bwd,
-    memory_time,
-    nccl_beside,
-    sm_contention,
-    tp_collective_time,
-)
-from megatron_lgs.lgs.moecost import moe_mlp, overlap_all_to_all
+from megatron_lgs.lgs.kernels import memory_time, nccl_beside, sm_contention, tp_collective_time
+from megatron_lgs.lgs.layercost import TERMS, Cost, layer_cost, logits_cost
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
 from megatron_lgs.lgs.timeline import (
@@ -77,13 +69,7 @@ from megatron_lgs.lgs.timeline import (
     chunk_ops,
     replay,
 )
-from megatron_lgs.lgs.tpcomm import (
-    expert_tp_comm,
-    tp_collectives,
-    tp_comm_exposed,
-    tp_gemm_parts,
-    tp_link,
-)
+from megatron_lgs.lgs.tpcomm import tp_link
 from megatron_lgs.lgs.workload import (
     DENSE,
     EXPERT,
@@ -92,58 +78,6 @@ from megatron_lgs.lgs.workload import (
     pipeline_split,
     stage_numel,
 )
-
-TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
-         "cp_comm", "moe_all_to_all", "pp_p2p", "pipeline_bubble", "grad_buffer",
-         "dp_grad_sync", "param_all_gather", "optimizer")
-# Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
-# norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
-# bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
-# 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's TP collectives
-# (`tpcomm.tp_collectives`) when tp > 1.
-LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
-# Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
-# r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
-# logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
-# (2); backward multiplies in place (2) and casts the gradient back to BF16 (1 + 0.5).
-CE_PASSES_FWD, CE_PASSES_BWD = 9.5, 3.5
-# Transformer Engine (v2.7, `Float8Quantizer` / `Float8CurrentScalingQuantizer`) casts every
-# FP8 GEMM operand that is an activation or a gradient in a memory-bound pass of its own:
-# read the BF16 tensor, write FP8 row-wise (for its GEMM) and column-wise (for the other
-# gradient GEMM), 2 + 1 + 1 bytes per element; current scaling first reads it once more for
-# its amax (+2). A norm followed by a GEMM (QKV, FC1) quantizes inside the norm kernel with
-# delayed scaling (no pass); with current scaling the norm writes BF16 and its amax, and one
-# cast pass follows (`normalization.cpp`, `force_unfused_kernel`). Weights are cast once per
-# step, not counted.
-FP8_QUANTIZE_BYTES = {"delayed": 4.0, "current": 6.0}
-# Rotary embeddings, passes over each query and key element (BF16), forward and backward:
-# Transformer Engine's fused kernel reads and writes it once each way (`fused_rope.cu`);
-# megatron-core 0.16's unfused `_apply_rotary_pos_emb_bshd` (mul cos, neg + cat for the
-# rotated half, mul sin, add, cat with the empty unrotated rest) makes 12 forward and, through
-# autograd, 14 backward (counted on its own ops, tests/unit/lgs/test_rope_passes.py).
-ROPE_PASSES = {True: (2.0, 2.0), False: (12.0, 14.0)}
-FP8_NORM_FUSED_BYTES = {"delayed": 0.0, "current": 4.0}
-
-
-@dataclass
-class Cost:
-    """Seconds per micro-batch of one stage, forward and backward, by term."""
-
-    fwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
-    bwd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TERMS, 0.0))
-
-    def add(self, other: Cost, times: float = 1.0) -> None:
-        for mine, theirs in ((self.fwd, other.fwd), (self.bwd, other.bwd)):
-            for k, v in theirs.items():
-                mine[k] += times * v
-
-    @property
-    def fwd_s(self) -> float:
-        return sum(self.fwd.values())
-
-    @property
-    def bwd_s(self) -> float:
-        return sum(self.bwd.values())
 
 
 @dataclass(frozen=True)
@@ -166,159 +100,6 @@ class StepEstimate:
     @property
     def fits_memory(self) -> bool:
         return self.memory.fits
-
-
-def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
-               ) -> tuple[tuple[float, float, float], tuple[float, float, float], float, float]:
-    """(FC1 parts, FC2 parts, element-wise bytes fwd, bwd) of the dense MLP."""
-    t, h, f = r.tp, r.hidden, r.ffn_hidden
-    mats = 2 if r.swiglu else 1
-    f1 = tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
-    f2 = tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
-    # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
-    fp, bp = (3, 5) if r.swiglu else (2, 3)
-    act = tok * f / t * 2
-    return f1, f2, fp * act, bp * act
-
-
-def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of one layer's FP8 casts: forward the inputs of the four
-    GEMMs (QKV and FC1 after their norms, sequence-sharded with SP; projection and FC2
-    head-sharded), backward their output gradients (QKV, FC1 head-sharded; projection and FC2
-    sequence-sharded, cast before the all-gather). MoE: the experts' grouped GEMMs in FP8, the
-    router in BF16."""
-    if r.precision != "fp8":
-        return 0.0, 0.0
-    t, h = r.tp, r.hidden
-    sp = t if r.sequence_parallel else 1
-    q, fused = FP8_QUANTIZE_BYTES[r.fp8_recipe], FP8_NORM_FUSED_BYTES[r.fp8_recipe]
-    mats = 2 if r.swiglu else 1
-    if r.num_experts:
-        copies = tok * r.moe_topk / t * r.etp
-        f = r.expert_ffn / r.etp
-        mlp_in, mlp_grads = copies * (h + f), copies * (f * mats + h)
-        norm_in = tok / sp * h  # QKV only: the router reads the MLP norm's BF16 output
-    else:
-        f = r.ffn_hidden / t
-        mlp_in, mlp_grads = tok * f, tok * f * mats + tok / sp * h
-        norm_in = 2 * tok / sp * h
-    fwd = fused * norm_in + q * (tok * r.q_dim / t + mlp_in)
-    bwd = q * (tok * (r.q_dim + 2 * r.kv_dim) / t + tok / sp * h + mlp_grads)
-    return fwd, bwd
-
-
-def _host_bound(r: Run, c: Cost) -> None:
-    """The GPU waits for the host where launching a layer's kernels outlasts running them.
-
-    The host enqueues kernels asynchronously, so a layer takes max(GPU time, host time) per
-    direction; `host_overhead` is what the host adds beyond the GPU's own work.
-    """
-    coll = tp_collectives(r)
-    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD, coll[0]),
-                              (c.bwd, LAYER_KERNELS_BWD, coll[1])):
-        host = (kernels + n) * HOST_S_PER_KERNEL
-        times["host_overhead"] = max(0.0, host - sum(times.values()))
-
-
-def attention_blocks(r: Run) -> list[tuple[float, float, bool, int, float]]:
-    """One layer's fused-attention blocks on one GPU, one micro-batch: (query length, key
-    length, causal, count, forward FLOPs of all `count`).
-
-    The kernel skips the masked half of the score matrix. Without CP it runs one s x s causal
-    block per sequence; under CP, Transformer Engine's load-balanced ring runs per sequence one
-    causal block of the rank's own s/cp tokens (1/cp of its FLOPs) and cp - 1 full blocks of
-    s/cp x s/(2 cp).
-    """
-    flops = 4 * r.micro_batch * r.seq_length / r.cp * r.seq_length * r.q_dim / r.tp * 0.5
-    n = r.seq_length / r.cp
-    blocks = [(n, n, True, 1, flops / r.cp)]
-    if r.cp > 1:
-        blocks.append((n, n / 2, False, r.cp - 1, flops * (r.cp - 1) / r.cp))
-    return blocks
-
-
-def flash_attention(r: Run, gpu: GpuProfile) -> tuple[float, float]:
-    """(forward, backward) of one layer's fused attention blocks (`attention_blocks`), each at
-    its own tile factor: CP's smaller blocks run at lower efficiency."""
-    fwd = bwd = 0.0
-    for q_len, kv_len, _, _, flops in attention_blocks(r):
-        f, b = flash_attention_time(flops, gpu, q_len, kv_len)
-        fwd, bwd = fwd + f, bwd + b
-    return fwd, bwd
-
-
-def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
-    """One transformer layer, one micro-batch, one GPU."""
-    c = Cost()
-    t, h, p = r.tp, r.hidden, r.precision
-    tok = r.micro_batch * r.seq_length / r.cp
-    qkv = tp_gemm_parts(r, tok, (r.q_dim + 2 * r.kv_dim) / t, h, gpu, column=True)
-    proj = tp_gemm_parts(r, tok, h, r.q_dim / t, gpu, column=False)
-    gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
-    column, row = [qkv], [proj]
-    if r.num_experts:
-        mf, mb, elem_f, elem_b, a2a = moe_mlp(r, gpu, hw, tok)
-        c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
-    else:
-        f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
-        mf, mb = f1[0] + f2[0], f1[1] + f1[2] + f2[1] + f2[2]
-        column.append(f1)
-        row.append(f2)
-    c.fwd["gemm"], c.bwd["gemm"] = gf + mf, gb + mb
-    # Attention scores: each rank's tok queries against the whole sequence's keys.
-    heads_local, d = r.heads / t, r.head_dim
-    if r.flash_attention:
-        af, ab = flash_attention(r, gpu)
-        score = 0.0
-    else:
-        seqs = tok / r.seq_length * heads_local
-        qk = gemm_fwd_bwd(r.seq_length, r.seq_length, d, gpu, p)
-        av = gemm_fwd_bwd(r.seq_length, d, r.seq_length, gpu, p)
-        af, ab = seqs * (qk[0] + av[0]), seqs * (qk[1] + av[1])
-        # Fused scale-mask-softmax and dropout: 4.5 passes forward, 5.5 backward, 2 B each.
-        score = tok * heads_local * r.seq_length * 2
-    c.fwd["attention"], c.bwd["attention"] = af, ab
-    # Norms, bias-dropout-adds (h-sized, sequence-sharded with SP): 11 passes fwd, 13 bwd.
-    sp = t if r.sequence_parallel else 1
-    act = tok / sp * h * 2
-    q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
-    # Query/key norms (Qwen3): one read and one write of this rank's Q and K forward, three
-    # passes backward (input, output gradient, input gradient), BF16.
-    qk_bytes = tok * (r.q_dim + r.kv_dim) / t * 2
-    qk = qk_bytes if r.qk_layernorm else 0.0
-    rope_f, rope_b = ROPE_PASSES[r.rope_fusion] if r.position_embedding == "rope" else (0, 0)
-    c.fwd["elementwise"] = memory_time(11 * act + elem_f + 4.5 * score + q_fwd + 2 * qk
-                                       + rope_f * qk_bytes, gpu)
-    c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd + 3 * qk
-                                       + rope_b * qk_bytes, gpu)
-    c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
-    expert_tp = expert_tp_comm(r, hw, tok)  # gather and scatter, each direction
-    c.fwd["tp_comm"] += expert_tp
-    c.bwd["tp_comm"] += expert_tp
-    if r.cp > 1:
-        link = hw.intra if r.tp * r.cp <= r.gpus_per_node else hw.inter
-        kv_bytes = tok * 2 * r.kv_dim / t * 2
-        ring = (r.cp - 1) * (link.alpha_s + kv_bytes / link.bandwidth_Bps)
-        c.fwd["cp_comm"], c.bwd["cp_comm"] = max(0.0, ring - af), max(0.0, 2 * ring - ab)
-    if r.moe_a2a_overlap:
-        overlap_all_to_all(r, gpu, c.fwd, c.bwd)
-    _host_bound(r, c)
-    if r.recompute == "full":
-        c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
-    elif r.recompute == "selective":
-        c.bwd["recompute"] = af + memory_time(4.5 * score, gpu)
-    return c
-
-
-def _logits_cost(r: Run, gpu: GpuProfile) -> Cost:
-    c = Cost()
-    tok = r.micro_batch * r.seq_length / r.cp
-    f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, r.precision)
-    c.fwd["gemm"], c.bwd["gemm"] = f, b
-    ce = tok * r.vocab / r.tp * 4
-    c.fwd["elementwise"] = memory_time(CE_PASSES_FWD * ce, gpu)
-    c.bwd["elementwise"] = memory_time(CE_PASSES_BWD * ce, gpu)
-    return c
 
 
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
@@ -344,7 +125,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         if r.recompute == "full":  # block recompute: only the first N layers of each chunk
             c.bwd["recompute"] = r.recomputed_layers(k) * layer.bwd["recompute"]
         if k == r.pp - 1:
-            c.add(_logits_cost(r, gpu))
+            c.add(logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each

@@ -24,8 +24,8 @@ from layer_kernels import (  # noqa: E402
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402
+from megatron_lgs.lgs.layercost import layer_cost  # noqa: E402
 from megatron_lgs.lgs.runspec import run_from_dict  # noqa: E402
-from megatron_lgs.lgs.stepmodel import layer_cost  # noqa: E402
 
 TINY = {"id": "t", "gpu": "h200", "num_gpus": 8, "num_layers": 4, "hidden": 256, "heads": 4,
         "vocab": 1000, "seq_length": 256, "tp": 2, "pp": 1, "micro_batch": 2,

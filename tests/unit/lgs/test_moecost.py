@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.layercost import layer_cost
 from megatron_lgs.lgs.runspec import RunError, run_from_dict
-from megatron_lgs.lgs.stepmodel import layer_cost, predict_run
+from megatron_lgs.lgs.stepmodel import predict_run
 
 A100 = get_gpu("a100-80gb")
 # 16 GPUs, EP8 over two nodes, 8 experts top-2: 4 micro-batches of one sequence per rank.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron_lgs.arguments import build_parser, config_from_namespace
+from megatron_lgs.lgs.layercost import TERMS
 from megatron_lgs.lgs.plan_run import (
     FINE_MOE_CAVEAT,
     HOPPER_CAVEAT,
@@ -30,7 +31,7 @@ from megatron_lgs.lgs.planner import (
 from megatron_lgs.lgs.predict import predict_file
 from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.simulate import cli
-from megatron_lgs.lgs.stepmodel import TERMS, predict_run
+from megatron_lgs.lgs.stepmodel import predict_run
 from megatron_lgs.validation import validate
 
 ROOT = Path(__file__).resolve().parents[3]

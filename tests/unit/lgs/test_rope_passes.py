@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import megatron_lgs  # noqa: F401  (installs the platform layer before megatron-core)
-from megatron_lgs.lgs.stepmodel import ROPE_PASSES
+from megatron_lgs.lgs.layercost import ROPE_PASSES
 
 # isort: split
 from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd

@@ -26,12 +26,11 @@ from megatron_lgs.lgs.kernels import (
     gemm_efficiency,
     gemm_time,
 )
+from megatron_lgs.lgs.layercost import flash_attention, layer_cost
 from megatron_lgs.lgs.runspec import RunError, run_from_dict
 from megatron_lgs.lgs.stepmemory import layer_activation_bytes, states_bytes
 from megatron_lgs.lgs.stepmodel import (
     compute_phase,
-    flash_attention,
-    layer_cost,
     predict_run,
     stage_costs,
     stage_params,

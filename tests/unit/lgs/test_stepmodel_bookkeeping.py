@@ -11,8 +11,9 @@ from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import sm_contention
+from megatron_lgs.lgs.layercost import layer_cost
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import layer_cost, predict_run, stage_costs, stage_params
+from megatron_lgs.lgs.stepmodel import predict_run, stage_costs, stage_params
 from megatron_lgs.lgs.tpcomm import UB_COMM_SMS, UB_PIPELINE_SPLITS, tp_gemm_parts
 
 H100 = get_gpu("h100-sxm")

@@ -9,8 +9,9 @@ import pytest
 
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, HOST_S_PER_KERNEL, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import gemm_time
+from megatron_lgs.lgs.layercost import layer_cost, logits_cost
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import _logits_cost, layer_cost, predict_run
+from megatron_lgs.lgs.stepmodel import predict_run
 from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, tp_gemm
 
 H100 = get_gpu("h100-sxm")
@@ -51,7 +52,7 @@ def test_host_overhead_by_hand() -> None:
 
 def test_cross_entropy_passes_by_hand() -> None:
     r = run(tp=2, sequence_parallel=True)
-    c = _logits_cost(r, H100)
+    c = logits_cost(r, H100)
     fp32_logits = 128 * 1024 / 2 * 4
     hbm = 3350e9 * HBM_EFFICIENCY
     # Forward: cast (1.5), max (1), subtract (2), exp (2), sum (1), divide (2); backward:
