@@ -51,7 +51,7 @@ HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (N
 FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "
                    "bench/published_runs.py, Qwen3-235B-A22B (256 H100) ran 1.2x slower than "
                    "this model predicts, as dense H100 runs do, but Qwen3-30B-A3B (16 H100, "
-                   "128 experts of 768) 3.5x slower, for a reason the model does not know (it "
+                   "128 experts of 768) 3.4x slower, for a reason the model does not know (it "
                    "counts the router and the permutation; the per-expert kernel launches it "
                    "leaves out are a tenth of the gap)")
 ROW_GRID_MB = [16, 64, 256]
