@@ -156,28 +156,39 @@ def _fp8_gemm(kernel: Kernel, device: torch.device):
                                     use_fast_accum=fast)
 
 
-def measure(kernel: Kernel, device: torch.device, seconds: float) -> float:
-    """Seconds of the `count` calls of `kernel` here (BF16 or FP8 GEMMs as the kernel says,
-    random data; FP32 in place of BF16 on a CPU, which has no fast BF16 matmul)."""
+def _random(device: torch.device):
+    """A maker of random tensors here: BF16, or FP32 on a CPU, which has no fast BF16 matmul."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    new = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    return lambda *shape: torch.randn(*shape, device=device, dtype=dtype)
+
+
+def measure(kernel: Kernel, device: torch.device, seconds: float
+            ) -> tuple[float, dict[str, float]]:
+    """Seconds of the `count` calls of `kernel` here (BF16 or FP8 GEMMs as the kernel says,
+    random data), and for attention each backend's (`attention_times`; the first that ran is
+    the kernel's time)."""
+    if kernel.kind.startswith("attention"):
+        times = attention_times(kernel, device, seconds)
+        return preferred(times), times
+    return _plain_time(kernel, device, seconds), {}
+
+
+def _plain_time(kernel: Kernel, device: torch.device, seconds: float) -> float:
+    new = _random(device)
     if kernel.kind == "gemm":
         if kernel.precision == "fp8":
             return _timed(_fp8_gemm(kernel, device), seconds, device)
         m, n, k = kernel.shape
         a, b = new(m, k), new(k, n)
         return _timed(lambda: a @ b, seconds, device)
-    if kernel.kind == "memory":
-        x = new(*kernel.shape)
-        if kernel.name == "layernorm":
-            return _timed(lambda: torch.nn.functional.layer_norm(x, x.shape[-1:]), seconds, device)
-        return _timed(lambda: torch.nn.functional.gelu(x), seconds, device)
-    return preferred(attention_times(kernel, device, seconds))
+    x = new(*kernel.shape)  # a memory-bound pass
+    if kernel.name == "layernorm":
+        return _timed(lambda: torch.nn.functional.layer_norm(x, x.shape[-1:]), seconds, device)
+    return _timed(lambda: torch.nn.functional.gelu(x), seconds, device)
 
 
 def _attention_time(kernel: Kernel, device: torch.device, seconds: float) -> float:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    new = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    new = _random(device)
     b, heads, q_len, kv_len, d = kernel.shape
     q = new(b, heads, q_len, d).requires_grad_()
     k, v = (new(b, heads, kv_len, d).requires_grad_() for _ in range(2))
@@ -247,10 +258,7 @@ def check_row(row_id: str, profile: str, seconds: float, device: torch.device) -
     _, est, _ = predicted(rows[row_id])
     r = replace(est.run, tp_comm_overlap=False)
     kernels = layer_kernels(r, profile)
-    backends = [attention_times(k, device, seconds) if k.kind.startswith("attention") else {}
-                for k in kernels]
-    measured = [preferred(b) if b else measure(k, device, seconds)
-                for k, b in zip(kernels, backends, strict=True)]
+    measured, backends = zip(*(measure(k, device, seconds) for k in kernels), strict=True)
     by_kind: dict[str, list[float]] = {}
     for k, m in zip(kernels, measured, strict=True):
         pair = by_kind.setdefault(k.kind.split("_")[0], [0.0, 0.0])

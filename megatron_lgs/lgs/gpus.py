@@ -67,6 +67,7 @@ fitted to a training run. Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from statistics import NormalDist
 
 from megatron_lgs.lgs.costmodel import GB, HardwareProfile, Link
@@ -158,6 +159,7 @@ def get_gpu(name: str) -> GpuProfile:
         raise ValueError(f"unknown gpu {name!r}; known: {sorted(GPUS)}") from None
 
 
+@lru_cache(maxsize=256)  # the planner asks for the same few (GPU, N) thousands of times
 def slowest_gpu(gpu: GpuProfile, num_gpus: int) -> GpuProfile:
     """`gpu` as the slowest of `num_gpus` that step together.
 

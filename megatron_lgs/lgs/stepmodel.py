@@ -209,6 +209,16 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
     return out
 
 
+def run_gpu(r: Run) -> GpuProfile:
+    """The profile `r` computes at: its GPU as the slowest of the run's (`gpus.slowest_gpu`)."""
+    return slowest_gpu(get_gpu(r.gpu), r.num_gpus)
+
+
+def run_links(r: Run, gpu: GpuProfile) -> HardwareProfile:
+    """The links of `r`'s nodes and NIC, for the gradient-sync replay."""
+    return link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+
+
 def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost], float, int]:
     """Stage costs per micro-batch, the end of all pipeline compute, and the bottleneck stage
     (`hw` None: the links of `r`'s GPU and NIC).
@@ -216,8 +226,8 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
     The compute end is a lower bound of the step (every later term is >= 0): the planner
     prunes with it before replaying the gradient sync.
     """
-    gpu = slowest_gpu(get_gpu(r.gpu), r.num_gpus)
-    hw = hw or link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    gpu = run_gpu(r)
+    hw = hw or run_links(r, gpu)
     costs = stage_costs(r, gpu, hw)
     if r.zero >= 2:
         w = sync_workload(r, hw)
@@ -257,10 +267,10 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets; else
     LGS's engine at those thresholds, or (`flat_buckets`) a DDP that reduces buckets of the
     intra threshold one after another on one channel (PyTorch DDP's `bucket_cap_mb`)."""
-    gpu = slowest_gpu(get_gpu(r.gpu), r.num_gpus)
-    hw = link_profile(gpu, min(r.gpus_per_node, r.num_gpus), r.nic_gbit_per_gpu)
+    gpu = run_gpu(r)
+    hw = run_links(r, gpu)
     w = sync_workload(r, hw)
-    costs, compute_end, crit = compute_phase(r)
+    costs, compute_end, crit = compute_phase(r, hw)
     numel = [{DENSE: d, EXPERT: e} for d, e in stage_params(r)]
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     m = r.num_micro_batches
