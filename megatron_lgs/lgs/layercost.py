@@ -30,7 +30,7 @@ TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_c
 # norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
 # bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
 # 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's TP collectives
-# (`tpcomm.tp_collectives`) when tp > 1.
+# (`tpcomm.tp_collectives`) when tp > 1, and its rotary embeddings' (ROPE_KERNELS).
 LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
 # Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
 # r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
@@ -53,6 +53,10 @@ FP8_NORM_FUSED_BYTES = {"delayed": 0.0, "current": 4.0}
 # rotated half, mul sin, add, cat with the empty unrotated rest) makes 12 forward and, through
 # autograd, 14 backward (counted on its own ops, tests/unit/lgs/test_rope_passes.py).
 ROPE_PASSES = {True: (2.0, 2.0), False: (12.0, 14.0)}
+# Kernels the same rotation launches for the query and the key together, forward and backward
+# (the host floor): the fused kernel one per tensor each way; the unfused form 12 ATen ops
+# forward (cos and sin of the frequencies and their casts included) and 7 backward per tensor.
+ROPE_KERNELS = {True: (2, 2), False: (24, 14)}
 
 
 @dataclass
@@ -122,8 +126,9 @@ def _host_bound(r: Run, c: Cost) -> None:
     direction; `host_overhead` is what the host adds beyond the GPU's own work.
     """
     coll = tp_collectives(r)
-    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD, coll[0]),
-                              (c.bwd, LAYER_KERNELS_BWD, coll[1])):
+    rope = ROPE_KERNELS[r.rope_fusion] if r.position_embedding == "rope" else (0, 0)
+    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD + rope[0], coll[0]),
+                              (c.bwd, LAYER_KERNELS_BWD + rope[1], coll[1])):
         host = (kernels + n) * HOST_S_PER_KERNEL
         times["host_overhead"] = max(0.0, host - sum(times.values()))
 

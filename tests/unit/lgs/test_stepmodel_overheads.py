@@ -42,6 +42,11 @@ def test_host_overhead_by_hand() -> None:
     sp = layer_cost(run(tp=2, sequence_parallel=True), H100, hw)
     assert sp.bwd_s == pytest.approx(max(22 * HOST_S_PER_KERNEL,
                                          sp.bwd_s - sp.bwd["host_overhead"]))
+    # Rotary embeddings add their kernels: 2 each way fused, 24 forward and 14 backward not.
+    for fused, (f, b) in ((True, (12, 18)), (False, (34, 30))):
+        rope = layer_cost(run(position_embedding="rope", rope_fusion=fused), H100, hw)
+        assert (rope.fwd_s, rope.bwd_s) == pytest.approx((f * HOST_S_PER_KERNEL,
+                                                          b * HOST_S_PER_KERNEL))
     # A large layer hides the host entirely.
     big = layer_cost(run(hidden=8192, heads=64, seq_length=4096), H100, hw)
     assert big.fwd["host_overhead"] == big.bwd["host_overhead"] == 0.0
