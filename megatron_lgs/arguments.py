@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
          help="scale RoPE's low frequencies as Llama 3.1 does")
     _add(g, "--rope-scaling-factor", m.rope_scaling_factor,
          help="the factor of --use-rope-scaling")
+    g.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false",
+                   help="rotate queries and keys with torch ops, not Transformer Engine's "
+                   "fused kernel (used by default on a GPU with TE)")
     _add(g, "--normalization", m.normalization, choices=["LayerNorm", "RMSNorm"])
     _add(g, "--norm-epsilon", m.norm_epsilon, help="epsilon of every LayerNorm/RMSNorm")
     _add(g, "--qk-layernorm", m.qk_layernorm, help="normalize each query and key head")

@@ -50,6 +50,16 @@ def use_transformer_engine(cfg: Config, platform: Platform) -> bool:
     return impl == "transformer_engine" or (impl == "auto" and platform.te_available)
 
 
+def rope_fusion(cfg: Config, platform: Platform) -> bool:
+    """Transformer Engine's fused RoPE kernel, as Megatron-LM runs it unless told
+    --no-rope-fusion: only on a GPU with TE, the one place the kernel exists (megatron-core
+    refuses the fusion without it); elsewhere megatron-core's torch ops, which compute the same
+    rotation in 12 kernels forward instead of one."""
+    m = cfg.model
+    return (m.apply_rope_fusion and m.position_embedding_type == "rope" and platform.is_cuda
+            and platform.te_available)
+
+
 def params_dtype(cfg: Config) -> torch.dtype:
     return torch.bfloat16 if cfg.precision.bf16 else torch.float16 if cfg.precision.fp16 \
         else torch.float32
@@ -123,7 +133,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         masked_softmax_fusion=on_gpu and fused_softmax_kernels_available(),
         bias_activation_fusion=on_gpu and not m.swiglu and m.add_bias_linear,
         bias_dropout_fusion=on_gpu,
-        apply_rope_fusion=False,
+        apply_rope_fusion=rope_fusion(cfg, platform),
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )

@@ -31,6 +31,7 @@ class ModelConfig:
     rotary_base: int = 10000  # RoPE's theta (Llama 3: 500000)
     use_rope_scaling: bool = False  # Llama 3.1's long-context frequency scaling
     rope_scaling_factor: float = 8.0  # its factor (Llama 3.2 1B/3B: 32)
+    apply_rope_fusion: bool = True  # TE's fused RoPE kernel where it runs (`model.rope_fusion`)
     normalization: str = "LayerNorm"
     norm_epsilon: float = 1e-5  # Qwen: 1e-6
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)

@@ -102,8 +102,9 @@ def _launch_config(spec: str) -> tuple[dict, dict]:
 
 def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     """(model fields, layout fields) of a `Run` for the trainer's parsed config `cfg`
-    (`megatron_lgs.run_config.Config`) on `num_gpus` GPUs. The trainer builds megatron-core
-    without RoPE fusion (`megatron_lgs.model`), so its RoPE is the unfused form."""
+    (`megatron_lgs.run_config.Config`) on `num_gpus` GPUs. The GPUs are taken to run
+    Transformer Engine, so RoPE is fused unless the config says --no-rope-fusion
+    (`megatron_lgs.model.rope_fusion`)."""
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
@@ -112,7 +113,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
                  moe_ffn_hidden=m.moe_ffn_hidden_size or 0,
                  untie_embeddings=m.untie_embeddings_and_output_weights,
-                 position_embedding=m.position_embedding_type, rope_fusion=False,
+                 position_embedding=m.position_embedding_type,
+                 rope_fusion=m.apply_rope_fusion,
                  dropout=max(m.hidden_dropout, m.attention_dropout))
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \

@@ -242,3 +242,19 @@ def test_ranks_start_as_a_user_would_where_cuda_is_present(tiny, monkeypatch):
     bad = suite.run_pretrain([*tiny, "--num-attention-heads", "3"], expect_success=False)
     assert bad.returncode == 2
     assert "--hidden-size (64) must be divisible" in bad.stderr
+
+
+def test_rope_is_fused_only_on_a_gpu_with_transformer_engine():
+    """Megatron-LM's default, fused RoPE, wherever TE's kernel exists; torch ops elsewhere and
+    with --no-rope-fusion (megatron-core refuses the fusion without TE)."""
+    from megatron_lgs.model import rope_fusion
+
+    rope = [*TINY_GPT, "--position-embedding-type", "rope"]
+    te_gpu = platform.Platform(torch.device("cuda"), "nccl", True, None)
+    bare_gpu = platform.Platform(torch.device("cuda"), "nccl", False, "not installed")
+    cpu = platform.get_platform()
+    assert rope_fusion(parse_args(rope, world_size=1), te_gpu)
+    assert not rope_fusion(parse_args([*rope, "--no-rope-fusion"], world_size=1), te_gpu)
+    assert not rope_fusion(parse_args(TINY_GPT, world_size=1), te_gpu)  # learned positions
+    assert not rope_fusion(parse_args(rope, world_size=1), bare_gpu)
+    assert not transformer_config(parse_args(rope, world_size=1), cpu).apply_rope_fusion

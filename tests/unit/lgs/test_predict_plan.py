@@ -232,3 +232,14 @@ def test_published_rows_cite_and_validate() -> None:
             if row["run"]["gpu"] == "h100-sxm"]
     assert len(h100) >= 20 and min(h100) > 0
     assert 0.2 < sorted(h100)[len(h100) // 2] < 0.3
+
+
+def test_planner_takes_the_trainers_rope_fusion() -> None:
+    """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise."""
+    from megatron_lgs.lgs.plan_run import trainer_run_fields
+
+    rope = ["--position-embedding-type", "rope"]
+    for extra, fused in (([], True), (["--no-rope-fusion"], False)):
+        cfg = config_from_namespace(build_parser().parse_args([*rope, *extra]), 8)
+        model, _ = trainer_run_fields(cfg, 8)
+        assert (model["position_embedding"], model["rope_fusion"]) == ("rope", fused)
