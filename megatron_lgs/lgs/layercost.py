@@ -224,9 +224,13 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
 
 
 def logits_cost(r: Run, gpu: GpuProfile) -> Cost:
+    """The output layer and the cross-entropy. The output layer is megatron-core's own
+    ColumnParallelLinear (0.16, `gpt_model.py`), a torch matmul outside Transformer Engine, so
+    an FP8 run computes its logits in BF16."""
     c = Cost()
     tok = r.micro_batch * r.seq_length / r.cp
-    f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, r.precision)
+    precision = "bf16" if r.precision == "fp8" else r.precision
+    f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, precision)
     c.fwd["gemm"], c.bwd["gemm"] = f, b
     ce = tok * r.vocab / r.tp * 4
     c.fwd["elementwise"] = memory_time(CE_PASSES_FWD * ce, gpu)

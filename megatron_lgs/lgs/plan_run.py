@@ -43,7 +43,7 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (NVIDIA's, "
                  "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
-                 "20%, though their GEMM and attention kernels, measured on an H200, run at "
+                 "18%, though their GEMM and attention kernels, measured on an H200, run at "
                  "its times (bench/measured/h200-2026-12-04); rank layouts by it, do not take "
                  "its MFU as a promise")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
@@ -51,7 +51,7 @@ HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (N
 FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "
                    "bench/published_runs.py, Qwen3-235B-A22B (256 H100) ran 1.2x slower than "
                    "this model predicts, as dense H100 runs do, but Qwen3-30B-A3B (16 H100, "
-                   "128 experts of 768) 3.4x slower, for a reason the model does not know (it "
+                   "128 experts of 768) 3.3x slower, for a reason the model does not know (it "
                    "counts the router and the permutation; the per-expert kernel launches it "
                    "leaves out are a tenth of the gap)")
 ROW_GRID_MB = [16, 64, 256]

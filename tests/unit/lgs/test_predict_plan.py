@@ -227,11 +227,11 @@ def test_published_rows_cite_and_validate() -> None:
         # These layouts ran: the memory model must not call them out of memory.
         if row.get("micro_batch") != "not published":
             assert predict_run(run).fits_memory, run.id
-    # What plan_run's Hopper header says: every H100 row predicted faster, median ~23%.
+    # What plan_run's Hopper header says: every H100 row predicted faster, median ~18%.
     h100 = [predicted(row)[0] / row["published"] - 1 for row in rows
             if row["run"]["gpu"] == "h100-sxm"]
     assert len(h100) >= 20 and min(h100) > 0
-    assert 0.2 < sorted(h100)[len(h100) // 2] < 0.3
+    assert 0.15 < sorted(h100)[len(h100) // 2] < 0.2
 
 
 def test_planner_takes_the_trainers_rope_fusion() -> None:

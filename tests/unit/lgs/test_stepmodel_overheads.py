@@ -66,6 +66,17 @@ def test_cross_entropy_passes_by_hand() -> None:
     assert c.bwd["elementwise"] == pytest.approx(3.5 * fp32_logits / hbm)
 
 
+def test_fp8_logits_run_in_bf16_by_hand() -> None:
+    """megatron-core's output layer is not a Transformer Engine module: FP8 leaves it BF16."""
+    r = run(hidden=4096, heads=32, vocab=128256, seq_length=4096, precision="fp8")
+    m, n, k = 4096, 128256, 4096
+    c = logits_cost(r, H100)
+    g = lambda a, b, c: gemm_time(a, b, c, H100, "bf16")  # noqa: E731
+    bf16 = g(m, n, k) + g(m, k, n) + g(k, n, m)
+    assert c.fwd["gemm"] + c.bwd["gemm"] == pytest.approx(bf16)
+    assert c.fwd["gemm"] > gemm_time(m, n, k, H100, "fp8") * 1.5
+
+
 def test_te_comm_gemm_overlap_chunks_by_hand() -> None:
     r = run(hidden=4096, heads=32, seq_length=4096, tp=8, num_gpus=8, tp_comm_overlap=True)
     m, n, k = 4096, 3 * 4096 / 8, 4096
