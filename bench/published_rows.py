@@ -324,3 +324,23 @@ FINE_GRAINED_MOE = [
     (QWEN3_30B_RUN, {"25.11 dropless": 5275.0, "25.09 token drop": 10494.0}),
     (QWEN3_235B_RUN, {"25.11 dropless": 1575.0, "25.09 token drop": 1204.0}),
 ]
+
+
+# Another trainer on Hopper, outside the table: the model describes Megatron's execution, and
+# this run is torchtitan's. TORCHTITAN's benchmark: Llama 3.1 8B (32 layers, hidden 4096, MLP
+# 14336 with SwiGLU, 32 heads with 8 KV groups, vocabulary 128256, untied, RoPE, no dropout) on
+# 4 and 8 nodes of 8 H200 with 400 Gb/s per GPU; FSDP over every GPU (ZeRO-3), torch.compile,
+# torchao float8 with dynamic tensorwise scaling and FP8 all-gathers (the output layer stays
+# BF16: its llama3_8b.toml filters "output"), local batch 2, sequence 8192 (the same toml).
+# Its activation checkpointing, 'selective' by op, saves every matmul output but every second
+# one, and attention's, and recomputes the rest: none of Megatron's recompute modes, so the
+# bench brackets it between no recompute and full recompute.
+TORCHTITAN = ("torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (Trainy on "
+              "WhiteFiber, 2025-06; torch 2.8.0a0, torchtitan e7c0cae), with "
+              "torchtitan/models/llama3/train_configs/llama3_8b.toml")
+TORCHTITAN_RUN = {"gpu": "h200", "num_layers": 32, "hidden": 4096, "ffn_hidden": 14336,
+                  "heads": 32, "kv_heads": 8, "vocab": 128256, "seq_length": 8192, "tp": 1,
+                  "pp": 1, "micro_batch": 2, "precision": "fp8", "fp8_recipe": "current",
+                  "swiglu": True, "distributed_optimizer": True, "zero": 3, "dropout": 0.0,
+                  "position_embedding": "rope"}
+TORCHTITAN_RUNS = [(32, 10938.0), (64, 10753.0)]  # GPUs, published tokens/s/GPU

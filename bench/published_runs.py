@@ -35,6 +35,9 @@ from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
     MEGATRON_H100_ROW,
     STRONG_SCALING,
+    TORCHTITAN,
+    TORCHTITAN_RUN,
+    TORCHTITAN_RUNS,
     published_rows,
 )
 
@@ -146,6 +149,24 @@ def fine_grained_moe(table_ids: set[str], table_errors: list[float]) -> None:
     print(summary("table rows with these counted in,", counted_in))
 
 
+def other_trainer() -> None:
+    """torchtitan's Llama 3.1 8B on H200, its op-level activation checkpointing bracketed by
+    no recompute and full recompute (`published_rows.TORCHTITAN_RUN`)."""
+    print(f"\n## outside the table: another trainer on Hopper, {TORCHTITAN} (tokens/s/GPU; "
+          "its recompute is none of Megatron's: predicted without and with full recompute)")
+    for gpus, published in TORCHTITAN_RUNS:
+        cells = []
+        for recompute in ("none", "full"):
+            est = predict_run(run_from_dict({
+                **TORCHTITAN_RUN, "id": f"torchtitan-llama31-8b-{gpus}", "num_gpus": gpus,
+                "global_batch": TORCHTITAN_RUN["micro_batch"] * gpus, "recompute": recompute}))
+            r = est.run
+            tokens = r.global_batch * r.seq_length / est.step_time_s / gpus
+            cells.append(f"{recompute} {tokens:.0f} ({tokens / published - 1:+.0%})")
+        print(f"{r.id:<26} {layout_label(r):<27} published {published:.0f}; predicted "
+              f"{', '.join(cells)}; with full recompute {dominant_terms(est)}")
+
+
 def micro_batch_sensitivity(out: list[dict]) -> None:
     """Where a source leaves the micro-batch size out, the error at each size (virtual stages
     still the fastest): how much of a row's error is the choice."""
@@ -209,6 +230,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     micro_batch_sensitivity(out)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
+    other_trainer()
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return errors

@@ -243,3 +243,21 @@ def test_planner_takes_the_trainers_rope_fusion() -> None:
         cfg = config_from_namespace(build_parser().parse_args([*rope, *extra]), 8)
         model, _ = trainer_run_fields(cfg, 8)
         assert (model["position_embedding"], model["rope_fusion"]) == ("rope", fused)
+
+
+def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) -> None:
+    """The validation bench runs offline and prints every row, its summary and the runs
+    outside the table; its returned errors are the table's."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from published_runs import main, published_rows
+
+    errors = main([])
+    out = capsys.readouterr().out
+    rows = published_rows()
+    assert len(errors) == len(rows)
+    assert all(row["run"]["id"] in out for row in rows)
+    assert f"rows {len(rows)}: median |error|" in out
+    for section in ("Megatron-LM README strong scaling", "fine-grained MoE",
+                    "another trainer on Hopper"):
+        assert f"## outside the table: {section}" in out
+    assert out.count("torchtitan-llama31-8b-") == 2
