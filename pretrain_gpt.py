@@ -40,12 +40,16 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:
     return loss, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator, model: torch.nn.Module) -> tuple:
+def forward_step(data_iterator, model: torch.nn.Module, return_schedule_plan: bool = False
+                 ) -> tuple:
     # The loader collates on the host; the model's device is the platform's.
     device = get_platform().device
     batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
     batch = context_parallel.batch_on_this_rank(batch)
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # The combined 1F1B schedule (--overlap-moe-expert-parallel-comm) asks for the model's
+    # schedule plan: the same forward in pieces it interleaves with another micro-batch's.
+    run = model.build_schedule_plan if return_schedule_plan else model
+    output = run(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 

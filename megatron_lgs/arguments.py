@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--moe-token-dispatcher-type", m.moe_token_dispatcher_type,
          choices=["allgather", "alltoall"])
     _add(g, "--moe-grouped-gemm", m.moe_grouped_gemm)
+    _add(g, "--overlap-moe-expert-parallel-comm", m.overlap_moe_expert_parallel_comm,
+         help="run each micro-batch's expert-parallel all-to-alls beside another "
+         "micro-batch's compute (megatron-core's combined 1F1B schedule)")
 
     g = p.add_argument_group("parallelism")
     _add(g, "--tensor-model-parallel-size", par.tensor_model_parallel_size)

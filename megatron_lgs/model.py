@@ -113,6 +113,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         moe_token_drop_policy=m.moe_token_drop_policy,
         moe_token_dispatcher_type=m.moe_token_dispatcher_type,
         moe_grouped_gemm=m.moe_grouped_gemm,
+        overlap_moe_expert_parallel_comm=m.overlap_moe_expert_parallel_comm,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=cfg.precision.bf16,

@@ -154,6 +154,11 @@ CPU_PATCHES: dict[str, str] = {
     "for",
     "torch.cuda.Stream/Event/stream/current_stream/default_stream": "DDP's communication stream "
     "and p2p/async-save events; on CPU every op is synchronous, so a stream is a no-op",
+    "torch.Tensor.record_stream": "the combined 1F1B schedule (--overlap-moe-expert-parallel-"
+    "comm) records its inputs on its compute and communication streams, which are the no-op "
+    "streams above; nothing to record",
+    "torch.cuda.nvtx.range/range_push/range_pop": "the same schedule names its steps with NVTX "
+    "ranges, which a CPU build of torch refuses; profiler annotations, no-ops here",
     "torch.cuda.get_rng_state/set_rng_state/manual_seed": "the model-parallel RNG tracker forks "
     "the CUDA generator; on CPU the device generator is torch's CPU generator, so dropout forks "
     "work; data sampling therefore never uses torch's global generator",
@@ -304,6 +309,8 @@ _REAL_CUDA = {name: getattr(torch.cuda, name) for name in
               ("current_device", "synchronize", "Stream", "Event", "stream", "current_stream",
                "default_stream", "get_rng_state", "set_rng_state", "manual_seed")}
 _REAL_TENSOR_CUDA = torch.Tensor.cuda
+_REAL_RECORD_STREAM = torch.Tensor.record_stream
+_REAL_NVTX_RANGE = torch.cuda.nvtx.range
 _CUDA_TYPE_NAMES = {
     "torch.FloatTensor": "torch.cuda.FloatTensor",
     "torch.HalfTensor": "torch.cuda.HalfTensor",
@@ -327,6 +334,10 @@ def installed_cpu_patches() -> list[str]:
         found.append("torch.Tensor.cuda")
     if torch.Tensor.type is not _real_tensor_type:
         found.append("torch.Tensor.type")
+    if torch.Tensor.record_stream is not _REAL_RECORD_STREAM:
+        found.append("torch.Tensor.record_stream")
+    if torch.cuda.nvtx.range is not _REAL_NVTX_RANGE:
+        found.append("torch.cuda.nvtx.range")
     found += [f"{name}.torch" for name in _CUDA_FACTORY_MODULES + _PINNED_MEMORY_MODULES
               if name in sys.modules and sys.modules[name].torch is not torch]
     return found
@@ -341,6 +352,10 @@ def _install_cpu_patches() -> None:
     cuda.stream = lambda stream=None: contextlib.nullcontext()
     cuda.current_stream = lambda device=None: _NoOpStream()
     cuda.default_stream = lambda device=None: _NoOpStream()
+    torch.Tensor.record_stream = lambda self, stream: None
+    cuda.nvtx.range = lambda *args, **kwargs: contextlib.nullcontext()
+    cuda.nvtx.range_push = lambda *args, **kwargs: None
+    cuda.nvtx.range_pop = lambda *args, **kwargs: None
     cuda.get_rng_state = _cpu_rng_state
     cuda.set_rng_state = _set_cpu_rng_state
     cuda.manual_seed = torch.manual_seed

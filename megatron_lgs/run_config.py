@@ -55,6 +55,9 @@ class ModelConfig:
     moe_token_drop_policy: str = "probs"
     moe_token_dispatcher_type: str = "allgather"
     moe_grouped_gemm: bool = False
+    # megatron-core's combined 1F1B: each micro-batch's EP all-to-alls run beside another
+    # micro-batch's compute (`validation._validate_a2a_overlap` holds its conditions).
+    overlap_moe_expert_parallel_comm: bool = False
     # Activation recompute (Megatron-LM's flags), passed to megatron-core's TransformerConfig.
     recompute_granularity: str | None = None  # full | selective
     recompute_method: str | None = None  # uniform | block (full only)

@@ -135,6 +135,7 @@ class Trainer:
         self.scheduler = build_scheduler(cfg, self.optimizer)
         attach_schedule_hooks(cfg, self.model, self.optimizer)
         self.forward_step = forward_step
+        self.said_combined_1f1b = False
         self.forward_backward = get_forward_backward_func()
         self.state = RunState(config_fingerprint=config_fingerprint(cfg),
                               data_fingerprint=self.datasets.fingerprint)
@@ -205,8 +206,12 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------
     def _forward_step_for(self, iteration: int) -> ForwardStep:
-        def forward_step(batches: Iterator, model: torch.nn.Module) -> tuple:
-            output, loss_func = self.forward_step(batches, model)
+        def forward_step(batches: Iterator, model: torch.nn.Module, **kwargs: object) -> tuple:
+            if kwargs.get("return_schedule_plan") and not self.said_combined_1f1b:
+                self.said_combined_1f1b = True
+                print_rank_0(" EP all-to-alls overlapped with another micro-batch's compute "
+                             "(megatron-core's combined 1F1B schedule)")
+            output, loss_func = self.forward_step(batches, model, **kwargs)
             return output, stability.poison_loss(loss_func, iteration, self.cfg.stability)
         return forward_step
 

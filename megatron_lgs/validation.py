@@ -99,6 +99,7 @@ def validate(cfg: Config) -> None:
                           f"--context-parallel-size ({cp}): each CP rank takes two chunks")
     _validate_rampup(cfg)
     _validate_recompute(m, min(_stage_layers(cfg)))
+    _validate_a2a_overlap(cfg)
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                           "(megatron-core's MoE layer refuses to train without it)")
@@ -391,6 +392,26 @@ def _validate_recompute(m: ModelConfig, per_stage: int) -> None:
         if not 1 <= layers <= per_stage:
             raise ConfigError(f"--recompute-num-layers ({layers}) must be in 1..{per_stage} "
                               f"(the layers of the smallest pipeline stage)")
+
+
+def _validate_a2a_overlap(cfg: Config) -> None:
+    """What megatron-core 0.16.1's TransformerConfig asserts for the combined 1F1B schedule,
+    said before any process group starts."""
+    m, par = cfg.model, cfg.parallel
+    if not m.overlap_moe_expert_parallel_comm:
+        return
+    flag = "--overlap-moe-expert-parallel-comm"
+    if par.expert_model_parallel_size < 2:
+        raise ConfigError(f"{flag} needs --expert-model-parallel-size > 1")
+    if m.moe_token_dispatcher_type != "alltoall":
+        raise ConfigError(f"{flag} needs --moe-token-dispatcher-type alltoall")
+    if m.recompute_granularity == "full":
+        raise ConfigError(f"{flag} does not run with --recompute-granularity full")
+    if not (cfg.precision.bf16 or cfg.precision.fp16):
+        raise ConfigError(f"{flag} needs --bf16 or --fp16")
+    if par.pipeline_model_parallel_size > 1 and par.virtual_pipeline_size(m.num_layers) is None:
+        raise ConfigError(f"{flag} with --pipeline-model-parallel-size > 1 needs virtual "
+                          "stages (--num-layers-per-virtual-pipeline-stage)")
 
 
 def _validate_zero(cfg: Config) -> None:

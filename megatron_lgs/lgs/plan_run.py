@@ -67,7 +67,8 @@ LAYOUT_FLAGS = frozenset((
     "--recompute-method", "--recompute-num-layers", "--micro-batch-size",
     "--global-batch-size", "--ddp-bucket-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
-    "--account-for-loss-in-pipeline-split"))
+    "--account-for-loss-in-pipeline-split", "--moe-token-dispatcher-type",
+    "--overlap-moe-expert-parallel-comm"))
 
 
 def caveats(hardware: str, base: Run) -> list[str]:
@@ -129,7 +130,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                   recompute=m.recompute_granularity or "none", zero=zero,
                   recompute_num_layers=(m.recompute_num_layers or 0
                                         if m.recompute_method == "block" else 0),
-                  distributed_optimizer=zero >= 1, **pipeline_split(par))
+                  distributed_optimizer=zero >= 1,
+                  moe_a2a_overlap=m.overlap_moe_expert_parallel_comm, **pipeline_split(par))
     return model, layout
 
 
@@ -196,7 +198,8 @@ def describe(r: Run) -> str:
     split = f"({min(stages)}-{max(stages)})" if min(stages) != max(stages) else ""
     lay = f"TP{r.tp} PP{r.pp}{split}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
         (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + \
-        (f" ETP{r.etp}" if r.num_experts and r.etp != r.tp else "") + f" DP{r.dp}"
+        (f" ETP{r.etp}" if r.num_experts and r.etp != r.tp else "") + \
+        (" A2A-overlap" if r.moe_a2a_overlap else "") + f" DP{r.dp}"
     return f"{lay} mb{r.micro_batch} {r.recompute} ZeRO-{r.zero}"
 
 
@@ -204,7 +207,7 @@ def row(i: int | str, p: Plan) -> str:
     e = p.estimate
     lgs = (f"{p.thresholds_mb[0]:>5}/{p.thresholds_mb[1]:<5} {p.threshold_step_s:>8.3f} "
            f"{p.grid_spread:>7.2%}" if p.thresholds_mb else f"{'-':>11} {'-':>8} {'-':>7}")
-    return (f"{i!s:>4} {describe(e.run):<38} {e.step_time_s:>8.3f} {e.mfu:>6.1%} "
+    return (f"{i!s:>4} {describe(e.run):<48} {e.step_time_s:>8.3f} {e.mfu:>6.1%} "
             f"{e.memory.peak_bytes / 1e9:>6.1f} {lgs}")
 
 
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if not top:
         print("no layout fits in memory", file=sys.stderr)
         raise SystemExit(2)
-    print(f"{'rank':>4} {'layout':<38} {'step s':>8} {'MFU':>6} {'mem GB':>6} "
+    print(f"{'rank':>4} {'layout':<48} {'step s':>8} {'MFU':>6} {'mem GB':>6} "
           f"{'LGS MB':>11} {'LGS step':>8} {'spread':>7}")
     # The full 8..256 MB grid for the best (and the config's layout); a 3 x 3 subset of it for
     # the runners-up, whose thresholds are indicative.

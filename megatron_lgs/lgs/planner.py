@@ -11,6 +11,7 @@ bound exceeds the k-th best whole step found; the answer is the exact top k of t
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -77,16 +78,19 @@ def layouts(base: Run) -> Iterator[Run]:
 
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
     pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
-    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1).
+    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1); their
+    # all-to-alls beside another micro-batch's compute or not (megatron-core's combined 1F1B).
     etps = (tp, 1) if base.num_experts and tp > 1 else (tp,)
+    overlaps = (False, True) if base.num_experts and ep > 1 else (False,)
     for mb in MICRO:
         for vpp in VPP if pp > 1 else (1,):
             for recompute in RECOMPUTE:
                 for zero in (0, 1, 2, 3) if pure_dp else (0, 1):
-                    for etp in etps:
+                    for etp, a2a in itertools.product(etps, overlaps):
                         r = replace(base, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp,
                                     micro_batch=mb, recompute=recompute, zero=zero,
-                                    distributed_optimizer=zero >= 1, sequence_parallel=tp > 1)
+                                    distributed_optimizer=zero >= 1, sequence_parallel=tp > 1,
+                                    moe_a2a_overlap=a2a)
                         try:
                             check_run(r)
                         except RunError:
@@ -196,6 +200,10 @@ def layout_flags(p: Plan, global_batch: int) -> list[str]:
         f.append(f"--expert-model-parallel-size {r.ep}")
     if r.num_experts and r.etp != r.tp:
         f.append(f"--expert-tensor-parallel-size {r.etp}")
+    if r.num_experts:  # the model's MoE traffic is the all-to-all dispatcher's
+        f.append("--moe-token-dispatcher-type alltoall")
+    if r.moe_a2a_overlap:
+        f.append("--overlap-moe-expert-parallel-comm")
     if r.zero == 1:
         f += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif r.zero >= 2:

@@ -8,8 +8,11 @@ import pytest
 from megatron_lgs.arguments import parse_args
 from megatron_lgs.initialize import check_platform
 from megatron_lgs.platform import get_platform
+from megatron_lgs.run_config import ConfigError
 
 VPP = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]
+A2A = ["--num-experts", "4", "--disable-bias-linear", "--overlap-moe-expert-parallel-comm"]
+EP2 = ["--expert-model-parallel-size", "2"]
 
 
 def test_layout_and_recompute_flags_reach_their_dataclasses():
@@ -122,6 +125,15 @@ def test_kv_channels_reach_megatron_core():
       "--decoder-first-pipeline-num-layers", "1", "--recompute-granularity", "full",
       "--recompute-method", "block", "--recompute-num-layers", "2"], 2,
      "must be in 1..1 (the layers of the smallest pipeline stage)"),
+    ([*A2A, "--bf16"], 1, "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size"),
+    ([*A2A, *EP2, "--bf16", "--moe-token-dispatcher-type", "allgather"], 2,
+     "needs --moe-token-dispatcher-type alltoall"),
+    ([*A2A, *EP2, "--moe-token-dispatcher-type", "alltoall"], 2, "needs --bf16 or --fp16"),
+    ([*A2A, *EP2, "--bf16", "--moe-token-dispatcher-type", "alltoall", "--recompute-granularity",
+      "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"], 2,
+     "does not run with --recompute-granularity full"),
+    ([*A2A, *EP2, "--bf16", "--moe-token-dispatcher-type", "alltoall",
+      "--pipeline-model-parallel-size", "2"], 4, "needs virtual stages"),
 ])
 def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -130,6 +142,16 @@ def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsy
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_alltoall_with_expert_tensor_parallelism_is_refused_on_gloo():
+    moe = ["--num-experts", "4", "--disable-bias-linear", "--tensor-model-parallel-size", "2",
+           "--sequence-parallel", "--expert-model-parallel-size", "2",
+           "--moe-token-dispatcher-type", "alltoall"]
+    with pytest.raises(ConfigError, match="which gloo cannot"):
+        check_platform(parse_args(moe, world_size=4), get_platform())
+    check_platform(parse_args([*moe, "--expert-tensor-parallel-size", "1"], world_size=4),
+                   get_platform())
 
 
 def test_context_parallel_runs_on_this_platform_with_either_position_embedding():

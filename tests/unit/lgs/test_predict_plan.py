@@ -135,6 +135,7 @@ KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
          "TP": lambda r: r.tp > 1, "PP": lambda r: r.pp > 1, "VPP": lambda r: r.vpp > 1,
          "CP": lambda r: r.cp > 1, "EP": lambda r: r.ep > 1,
          "ETP1": lambda r: bool(r.num_experts) and r.tp > 1 and r.etp == 1,
+         "A2A overlap": lambda r: r.moe_a2a_overlap,
          "full recompute": lambda r: r.recompute == "full",
          "selective recompute": lambda r: r.recompute == "selective"}
 
@@ -167,8 +168,10 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
             argv = best_flags(model, base, plan).split()
             validate(config_from_namespace(build_parser().parse_args(argv), gpus))
             assert ("--lgs" in argv) == (est.run.zero < 2), (kind, argv)
-    assert set(KINDS) - {"ZeRO-2", "EP", "ETP1"} <= seen  # ZeRO-2 fits the 10B only
-    assert ("EP" in seen) == ("ETP1" in seen) == bool(base.num_experts)
+            assert ("--overlap-moe-expert-parallel-comm" in argv) == est.run.moe_a2a_overlap
+    assert set(KINDS) - {"ZeRO-2", "EP", "ETP1", "A2A overlap"} <= seen  # ZeRO-2: the 10B only
+    moe = {"EP", "ETP1", "A2A overlap"}
+    assert moe <= seen if base.num_experts else not moe & seen
 
 
 @pytest.mark.parametrize("extra,said", [
@@ -234,8 +237,9 @@ def test_published_rows_cite_and_validate() -> None:
     assert 0.15 < sorted(h100)[len(h100) // 2] < 0.2
 
 
-def test_planner_takes_the_trainers_rope_fusion() -> None:
-    """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise."""
+def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
+    """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
+    config's EP all-to-all overlap reaches the model."""
     from megatron_lgs.lgs.plan_run import trainer_run_fields
 
     rope = ["--position-embedding-type", "rope"]
@@ -243,6 +247,11 @@ def test_planner_takes_the_trainers_rope_fusion() -> None:
         cfg = config_from_namespace(build_parser().parse_args([*rope, *extra]), 8)
         model, _ = trainer_run_fields(cfg, 8)
         assert (model["position_embedding"], model["rope_fusion"]) == ("rope", fused)
+    moe = ["--num-experts", "4", "--disable-bias-linear", "--expert-model-parallel-size", "2",
+           "--moe-token-dispatcher-type", "alltoall", "--bf16"]
+    for extra, overlap in (([], False), (["--overlap-moe-expert-parallel-comm"], True)):
+        cfg = config_from_namespace(build_parser().parse_args([*moe, *extra]), 8)
+        assert trainer_run_fields(cfg, 8)[1]["moe_a2a_overlap"] == overlap
 
 
 def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) -> None:
