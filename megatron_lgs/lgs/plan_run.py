@@ -94,11 +94,29 @@ def _config_name(spec: str) -> tuple[str, Path]:
     return (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
 
 
-def _launch_config(spec: str) -> tuple[dict, dict]:
-    from megatron_lgs.launch_configs import load_config, world_size
+def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
+    """A launch config's fields: one of launch/configs/ at its own world size, any other
+    (a user's own .sh) at the GPU count asked for."""
+    from megatron_lgs.arguments import parse_args
+    from megatron_lgs.launch_configs import CONFIGS_DIR, config_args, world_size
 
     name, cdir = _config_name(spec)
-    return trainer_run_fields(load_config(name, cdir), world_size(name))
+    argv = config_args(name, cdir)
+    world = world_size(name) if cdir.resolve() == CONFIGS_DIR.resolve() else gpus
+    return trainer_run_fields(parse_args(argv, world_size=world), world)
+
+
+# The trainer's --fp8-recipe -> the model's: Megatron-LM's `tensorwise` is Transformer
+# Engine's per-tensor current scaling. `mxfp8` needs Blackwell, `blockwise` is not modelled.
+FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
+
+
+def _fp8_recipe(recipe: str) -> str:
+    try:
+        return FP8_RECIPES[recipe]
+    except KeyError:
+        raise ValueError(f"--fp8-recipe {recipe}: the step model knows {sorted(FP8_RECIPES)}") \
+            from None
 
 
 def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
@@ -108,6 +126,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     (`megatron_lgs.model.rope_fusion`)."""
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
+    pr = cfg.precision
+    precision = "fp8" if pr.fp8_format else "fp16" if pr.fp16 else "bf16"  # FP32: BF16 on GPUs
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
                  heads=m.num_attention_heads, kv_heads=m.query_groups, head_dim=m.head_dim,
                  vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
@@ -116,7 +136,9 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  untie_embeddings=m.untie_embeddings_and_output_weights,
                  position_embedding=m.position_embedding_type,
                  rope_fusion=m.apply_rope_fusion,
-                 dropout=max(m.hidden_dropout, m.attention_dropout))
+                 dropout=max(m.hidden_dropout, m.attention_dropout), precision=precision)
+    if precision == "fp8":
+        model["fp8_recipe"] = _fp8_recipe(cfg.precision.fp8_recipe)
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)
@@ -175,11 +197,15 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
     from megatron_lgs.lgs.simulate import PRESETS
 
     preset = spec in PRESETS and not spec.endswith(".sh")
-    model, layout = _preset(spec) if preset else _launch_config(spec)
+    model, layout = _preset(spec) if preset else _launch_config(spec, gpus)
     gb = global_batch or layout["global_batch"]
+    precision = model.pop("precision", "bf16")
+    if gpu == "v100-32gb" and precision == "bf16":
+        precision = "fp16"  # Volta has no BF16
+    if precision == "fp8" and get_gpu(gpu).fp8_tflops is None:
+        raise ValueError(f"{spec} trains in FP8, which {gpu} has no tensor cores for")
     common = dict(model, id=spec, gpu=gpu, nic_gbit_per_gpu=nic, global_batch=gb,
-                  precision="fp16" if gpu == "v100-32gb" else "bf16",
-                  flash_attention=gpu != "v100-32gb")
+                  precision=precision, flash_attention=gpu != "v100-32gb")
     base = Run(**common, num_gpus=gpus, tp=1, pp=1, dp=gpus, micro_batch=1)
     ref = None
     if layout["num_gpus"] == gpus:

@@ -270,3 +270,34 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
                     "another trainer on Hopper"):
         assert f"## outside the table: {section}" in out
     assert out.count("torchtitan-llama31-8b-") == 2
+
+
+def _own_config(tmp_path: Path, extra: str) -> str:
+    """A user's launch config beside none of launch/configs/: gpt-10b.sh plus `extra`."""
+    text = (ROOT / "launch/configs/gpt-10b.sh").read_text().replace("--bf16", f"--bf16 {extra}")
+    path = tmp_path / "my-model.sh"
+    path.write_text(text)
+    return str(path)
+
+
+def test_planner_takes_a_users_config_in_its_own_precision(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """A config outside launch/configs/ is read at the GPU count asked for, and planned in its
+    precision: FP8 with the trainer's recipe, refused in one line on a GPU without FP8."""
+    for extra, recipe in (("--fp8-format hybrid", "delayed"),
+                          ("--fp8-format hybrid --fp8-recipe tensorwise", "current")):
+        base, ref = resolve(_own_config(tmp_path, extra), "h100-sxm", 16, None, None)
+        assert (base.precision, base.fp8_recipe) == ("fp8", recipe)
+        assert ref is not None and (ref.tp, ref.pp, ref.dp) == (4, 2, 2)
+    plain, _ = resolve(_own_config(tmp_path, ""), "h100-sxm", 16, None, None)
+    assert plain.precision == "bf16"
+    assert predict_run(replace(ref, precision="fp8")).step_time_s < \
+        predict_run(replace(ref, precision="bf16")).step_time_s
+    for gpu, extra, said in (("a100-80gb", "--fp8-format hybrid", "has no tensor cores for"),
+                             ("h100-sxm", "--fp8-format hybrid --fp8-recipe blockwise",
+                              "--fp8-recipe blockwise")):
+        with pytest.raises(SystemExit) as exc:
+            plan_main(["--model", _own_config(tmp_path, extra), "--gpus", "16", "--hardware",
+                       gpu])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
