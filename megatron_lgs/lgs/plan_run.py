@@ -121,13 +121,13 @@ def _fp8_recipe(recipe: str) -> str:
 
 def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     """(model fields, layout fields) of a `Run` for the trainer's parsed config `cfg`
-    (`megatron_lgs.run_config.Config`) on `num_gpus` GPUs. The GPUs are taken to run
-    Transformer Engine, so RoPE is fused unless the config says --no-rope-fusion
-    (`megatron_lgs.model.rope_fusion`)."""
+    (`megatron_lgs.run_config.Config`) on `num_gpus` GPUs, in the config's precision (an FP32
+    config as BF16, what GPUs train in). The GPUs are taken to run Transformer Engine, so RoPE
+    is fused unless the config says --no-rope-fusion (`megatron_lgs.model.rope_fusion`)."""
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
     div = m.make_vocab_size_divisible_by
     pr = cfg.precision
-    precision = "fp8" if pr.fp8_format else "fp16" if pr.fp16 else "bf16"  # FP32: BF16 on GPUs
+    precision = "fp8" if pr.fp8_format else "fp16" if pr.fp16 else "bf16"
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
                  heads=m.num_attention_heads, kv_heads=m.query_groups, head_dim=m.head_dim,
                  vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
@@ -138,7 +138,7 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  rope_fusion=m.apply_rope_fusion,
                  dropout=max(m.hidden_dropout, m.attention_dropout), precision=precision)
     if precision == "fp8":
-        model["fp8_recipe"] = _fp8_recipe(cfg.precision.fp8_recipe)
+        model["fp8_recipe"] = _fp8_recipe(pr.fp8_recipe)
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)
