@@ -60,6 +60,12 @@ fitted to a training run. Sources:
   Equal: Characterizing Variability in Large-Scale, Accelerator-Rich Systems" (SC22, arXiv
   2208.11035): across the GPUs of five production clusters, "8% (max 22%) average performance
   variation" for the same SKU, a spread of the same order over thousands of GPUs.
+- [NVML] the memory a board has, as the driver reports it (nvidia-smi's total, MiB): the data
+  sheets' "80 GB" and "141 GB" are rounded, nearer GiB than 1e9 bytes. E. Shankland (Modal),
+  "Why does an NVIDIA H100 80GB card offer 85.52 GB?" (2024): H200 143,771 MiB, H100 80 GB
+  81,559, A100 80 GB 81,920, A100 40 GB 40,960; V100 32 GB: 32,480 MiB in the nvidia-smi
+  listing of four Tesla V100-PCIE-32GB in NVIDIA's "nvidia-smi" walk-through (as reproduced at
+  blog.cachecha.com/csdn/kunhe0512/126265050). H800: H100's 80 GB board, taken as H100's.
 - [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
   (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
 """
@@ -99,6 +105,11 @@ CLOCK_SPREAD = 0.01
 NCCL_COMM_SMS = 16
 
 
+def _mib(total_mib: int) -> float:
+    """A board's memory as the driver reports it ([NVML]), in GB of 1e9 bytes."""
+    return total_mib * 2**20 / 1e9
+
+
 @dataclass(frozen=True)
 class GpuProfile:
     """One GPU type and the fabric it usually ships in."""
@@ -108,7 +119,7 @@ class GpuProfile:
     fp8_tflops: float | None  # dense FP8; None: no FP8 tensor cores
     gemm_max_efficiency: float  # sustained large-GEMM fraction of peak [MSMF][POWER]
     attention_efficiency: float  # fused (flash) attention fwd+bwd fraction of peak [FA2][FA3]
-    memory_gb: float
+    memory_gb: float  # the board's total as the driver reports it [NVML], 1e9 bytes
     hbm_gbps: float  # data-sheet HBM bandwidth, GB/s
     nvlink_busbw_gbps: float  # NCCL bus bandwidth inside a node, GB/s
     nic_gbit_per_gpu: float  # the usual inter-node fabric, Gb/s per GPU
@@ -134,21 +145,21 @@ GPUS: dict[str, GpuProfile] = {
     # its 40% applies only to a run that sets flash_attention true, and is an assumption too.
     # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
     # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
-    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, AMPERE, 0.40, 32.0, 900.0, 120.0, 50.0,
-                            80, bf16=False),
+    "v100-32gb": GpuProfile("v100-32gb", 125.0, None, AMPERE, 0.40, _mib(32480), 900.0, 120.0,
+                            50.0, 80, bf16=False),
     # A100: NVLink 3 busbw 0.8 x 300 GB/s per direction; DGX A100 has one HDR 200 Gb/s per GPU.
-    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, AMPERE, 0.60, 40.0, 1555.0, 240.0, 200.0,
-                            108),
-    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, AMPERE, 0.60, 80.0, 2039.0, 240.0, 200.0,
-                            108),
+    "a100-40gb": GpuProfile("a100-40gb", 312.0, None, AMPERE, 0.60, _mib(40960), 1555.0, 240.0,
+                            200.0, 108),
+    "a100-80gb": GpuProfile("a100-80gb", 312.0, None, AMPERE, 0.60, _mib(81920), 2039.0, 240.0,
+                            200.0, 108),
     # H100 / H200: NDR 400 Gb/s per GPU (DGX H100/H200); cuDNN fused attention between FA2 and
     # FA3 ([FA3]: 35% and ~65% fwd+bwd), so 50%.
-    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, HOPPER_BF16, 0.50, 80.0, 3350.0, 370.0, 400.0,
-                           132, fp8_max_efficiency=HOPPER_FP8),
-    "h800": GpuProfile("h800", 989.0, 1979.0, HOPPER_BF16, 0.50, 80.0, 3350.0, 160.0, 400.0, 132,
-                       fp8_max_efficiency=HOPPER_FP8),
-    "h200": GpuProfile("h200", 989.0, 1979.0, HOPPER_BF16, 0.50, 141.0, 4800.0, 370.0, 400.0, 132,
-                       fp8_max_efficiency=HOPPER_FP8),
+    "h100-sxm": GpuProfile("h100-sxm", 989.0, 1979.0, HOPPER_BF16, 0.50, _mib(81559), 3350.0,
+                           370.0, 400.0, 132, fp8_max_efficiency=HOPPER_FP8),
+    "h800": GpuProfile("h800", 989.0, 1979.0, HOPPER_BF16, 0.50, _mib(81559), 3350.0, 160.0,
+                       400.0, 132, fp8_max_efficiency=HOPPER_FP8),
+    "h200": GpuProfile("h200", 989.0, 1979.0, HOPPER_BF16, 0.50, _mib(143771), 4800.0, 370.0,
+                       400.0, 132, fp8_max_efficiency=HOPPER_FP8),
 }
 
 
