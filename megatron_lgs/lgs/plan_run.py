@@ -137,8 +137,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  position_embedding=m.position_embedding_type,
                  rope_fusion=m.apply_rope_fusion,
                  dropout=max(m.hidden_dropout, m.attention_dropout), precision=precision)
-    if precision == "fp8":
-        model["fp8_recipe"] = _fp8_recipe(pr.fp8_recipe)
+    if precision == "fp8":  # BF16 weights: the trainer has no FP8 parameters
+        model.update(fp8_recipe=_fp8_recipe(pr.fp8_recipe), fp8_params=False)
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)

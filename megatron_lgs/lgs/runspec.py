@@ -22,7 +22,10 @@ runs the column-parallel backward's collectives beside the gradient GEMMs; false
 reduced in FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config
 left at BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
 fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current scaling,
-NeMo's FP8-CS; read only when precision is fp8), and megatron-core's uneven pipeline splits:
+NeMo's FP8-CS; read only when precision is fp8), fp8_params (true: the weights are FP8
+parameters, Megatron-LM's --fp8-param-gather as Megatron-Bridge's FP8 recipes set it; false: BF16
+weights beside Transformer Engine's cached FP8 copy and transpose, 2 B more a parameter, see
+`stepmemory`; read only when precision is fp8), and megatron-core's uneven pipeline splits:
 decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
 account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
 Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
@@ -101,6 +104,7 @@ class Run:
     tp_async_backward: bool = True
     grad_reduce_in_fp32: bool = True
     fp8_recipe: str = "delayed"
+    fp8_params: bool = True
     decoder_first_pipeline_num_layers: int = 0
     decoder_last_pipeline_num_layers: int = 0
     account_for_embedding_in_pipeline_split: bool = False

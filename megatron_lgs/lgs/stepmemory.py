@@ -3,19 +3,21 @@
 States per parameter of the heaviest stage: BF16/FP16 weights (2 B), gradient buffer (4 B FP32
 with BF16/FP8 unless `grad_reduce_in_fp32` is off; 2 B with FP16), Adam's FP32 master weights
 and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2
-the gradients too, ZeRO 3 the weights too. FP8 runs keep 2 B a weight too, what FP8 parameters
-hold (1 B data + 1 B transpose; Megatron-Bridge's FP8 recipes set `fp8_param_gather`); with
-BF16 weights Transformer Engine would cache such FP8 copies beside them, 2 B more a parameter,
-which is not modelled. Activations per layer and micro-batch follow
-Korthikanti et al. 2022 ("Reducing Activation Recomputation", sec. 4: 34 s b h + 5 a s^2 b
-bytes with sequence parallelism), generalized to GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at
-1 B), fused attention (which keeps no score matrix but its output and softmax statistics) and
-runs without dropout (no masks). The MLP and MoE blocks' share and the dropout masks are
-checked against what megatron-core 0.16's own modules save for backward
-(tests/unit/lgs/test_activation_memory.py); full recompute keeps each layer's
-input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving
-(1 + (pp - 1) / (pp v)) times that.
-A fixed 10% of the GPU is reserved for the CUDA context, NCCL buffers and fragmentation.
+the gradients too, ZeRO 3 the weights too. FP8 runs keep 2 B a weight too when the weights are
+FP8 parameters (1 B data + 1 B transpose; Megatron-Bridge's FP8 recipes set
+`fp8_param_gather`); with BF16 weights (`fp8_params` false, this trainer's only form)
+Transformer Engine caches such an FP8 copy and its transpose beside each local weight across
+the step's micro-batches (megatron-core passes `is_first_microbatch`), 2 B more a parameter.
+Activations per layer and micro-batch follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation", sec. 4: 34 s b h + 5 a s^2 b bytes with sequence parallelism), generalized to
+GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at 1 B), fused attention (which keeps no score matrix
+but its output and softmax statistics) and runs without dropout (no masks). The MLP and MoE
+blocks' share and the dropout masks are checked against what megatron-core 0.16's own modules
+save for backward (tests/unit/lgs/test_activation_memory.py); full recompute keeps each layer's
+input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving (1
++ (pp - 1) / (pp v)) times that.
+A fixed 10% of the board (its memory as the driver reports it, `gpus` [NVML]) is reserved for
+the CUDA context, NCCL buffers and fragmentation.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     # ZeRO 3 holds the gathered weights of the layer in use and of the one prefetched.
     gathered = 2 * 2 * params / (r.num_layers // r.pp) if r.zero >= 3 else 0.0
     weights = 2 * (sharded if r.zero >= 3 else params) + gathered
+    if r.precision == "fp8" and not r.fp8_params:
+        weights += 2 * params  # TE's cached FP8 weight and transpose, every local layer
     grads = grad_bytes(r) * (sharded if r.zero >= 2 else params)
     optim = 12 * (sharded if r.zero >= 1 else params)
     return weights + grads + optim

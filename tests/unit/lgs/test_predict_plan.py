@@ -287,7 +287,7 @@ def test_planner_takes_a_users_config_in_its_own_precision(tmp_path: Path,
     for extra, recipe in (("--fp8-format hybrid", "delayed"),
                           ("--fp8-format hybrid --fp8-recipe tensorwise", "current")):
         base, ref = resolve(_own_config(tmp_path, extra), "h100-sxm", 16, None, None)
-        assert (base.precision, base.fp8_recipe) == ("fp8", recipe)
+        assert (base.precision, base.fp8_recipe, base.fp8_params) == ("fp8", recipe, False)
         assert ref is not None and (ref.tp, ref.pp, ref.dp) == (4, 2, 2)
     plain, _ = resolve(_own_config(tmp_path, ""), "h100-sxm", 16, None, None)
     assert plain.precision == "bf16"

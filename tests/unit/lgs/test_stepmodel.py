@@ -350,6 +350,14 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     bf16_grads = replace(r, grad_reduce_in_fp32=False)
     assert states_bytes(bf16_grads, dense, expert) == pytest.approx(1e9 * (2 + 2 + 12))
     assert states_bytes(replace(r, zero=1), dense, expert) == pytest.approx(1e9 * (6 + 12 / 8))
+    # FP8: FP8 parameters hold 2 B a weight (data and transpose); BF16 weights keep TE's cached
+    # FP8 copy and transpose beside them, 2 B more.
+    fp8 = replace(r, precision="fp8")
+    assert states_bytes(fp8, dense, expert) == pytest.approx(1e9 * (2 + 4 + 12))
+    assert states_bytes(replace(fp8, fp8_params=False), dense, expert) == \
+        pytest.approx(1e9 * (2 + 2 + 4 + 12))
+    assert states_bytes(replace(r, fp8_params=False), dense, expert) == \
+        pytest.approx(1e9 * (2 + 4 + 12))  # read only under FP8
     moe = run(num_experts=16, ep=4, pp=2, swiglu=True, kv_heads=8)
     w = sync_workload(moe, link_profile(A100))
     for k, (d, e) in enumerate(stage_params(moe)):
