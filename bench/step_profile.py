@@ -33,6 +33,7 @@ from megatron_lgs.arguments import parse_args  # noqa: E402
 from megatron_lgs.lgs.plan_run import trainer_run_fields  # noqa: E402
 from megatron_lgs.lgs.runspec import Run, check_run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import predict_run  # noqa: E402
+from megatron_lgs.model import rope_fusion  # noqa: E402
 from megatron_lgs.training import Trainer  # noqa: E402
 
 # First match wins: kernel names (cuBLAS / CUTLASS / cuDNN / FlashAttention / NCCL / apex and
@@ -105,9 +106,10 @@ def modelled(trainer: Trainer, profile: str | None) -> dict | None:
     if cfg.parallel.world_size != 1 or cfg.precision.name == "fp32":
         return None
     model, layout = trainer_run_fields(cfg, 1)
+    # What this process runs, not what a TE cluster would: RoPE fused only where TE is.
+    model["rope_fusion"] = rope_fusion(cfg, trainer.platform)
     te = trainer.platform.te_available and cfg.model.transformer_impl != "local"
-    run = Run(id="this run", gpu=profile, **model, **layout, dp=1,
-              precision=cfg.precision.name, flash_attention=te)
+    run = Run(id="this run", gpu=profile, **model, **layout, dp=1, flash_attention=te)
     check_run(run)
     est = predict_run(run)
     return {"profile": profile, "step_s": est.step_time_s, "breakdown_s": est.breakdown}
