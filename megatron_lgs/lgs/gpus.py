@@ -61,11 +61,12 @@ fitted to a training run. Sources:
   2208.11035): across the GPUs of five production clusters, "8% (max 22%) average performance
   variation" for the same SKU, a spread of the same order over thousands of GPUs.
 - [NVML] the memory a board has, as the driver reports it (nvidia-smi's total, MiB): the data
-  sheets' "80 GB" and "141 GB" are rounded, nearer GiB than 1e9 bytes. E. Shankland (Modal),
-  "Why does an NVIDIA H100 80GB card offer 85.52 GB?" (2024): H200 143,771 MiB, H100 80 GB
-  81,559, A100 80 GB 81,920, A100 40 GB 40,960; V100 32 GB: 32,480 MiB in the nvidia-smi
-  listing of four Tesla V100-PCIE-32GB in NVIDIA's "nvidia-smi" walk-through (as reproduced at
-  blog.cachecha.com/csdn/kunhe0512/126265050). H800: H100's 80 GB board, taken as H100's.
+  sheets' "80 GB" and "141 GB" are rounded, nearer GiB than 1e9 bytes. thundergolfer.com/blog/
+  nvidia-gpu-memory-capacity, "Why does an NVIDIA H100 80GB card offer 85.52 GB?" (Modal's
+  table of NVML totals): H200 143,771 MiB, H100 80 GB 81,559, A100 80 GB 81,920, A100 40 GB
+  40,960; V100 32 GB: 32,480 MiB in an nvidia-smi listing of four Tesla V100-PCIE-32GB
+  (blog.cachecha.com/csdn/kunhe0512/126265050, a repost of an nvidia-smi walk-through; the SXM2
+  board is taken as the same). H800: H100's 80 GB board, taken as H100's.
 - [STREAM] achievable HBM bandwidth is ~85-90% of the data-sheet figure on A100/H100
   (NVIDIA's babelstream/STREAM results); we take 85% on every GPU.
 """
