@@ -71,13 +71,18 @@ def estimates_by_micro_batch(row: dict) -> dict[int, StepEstimate]:
     return out
 
 
+def tokens_per_gpu(est: StepEstimate) -> float:
+    r = est.run
+    return r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
+
+
 def metric(row: dict, est: StepEstimate) -> float:
     """The estimate in the row's published metric."""
     r = est.run
     if row["metric"] == "iteration time s":
         return est.step_time_s
     if row["metric"] == "tokens/s/GPU":
-        return r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
+        return tokens_per_gpu(est)
     if row["metric"].endswith("(with recompute)"):
         return flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
     return est.tflops_per_gpu
@@ -137,7 +142,7 @@ def fine_grained_moe(table_ids: set[str], table_errors: list[float]) -> None:
     for spec, published in FINE_GRAINED_MOE:
         est = predict_run(run_from_dict(spec))
         r = est.run
-        tokens = r.global_batch * r.seq_length / est.step_time_s / r.num_gpus
+        tokens = tokens_per_gpu(est)
         mem = est.memory
         against = ", ".join(f"{release} {value:.0f} ({tokens / value - 1:+.0%})"
                             for release, value in published.items())
@@ -160,9 +165,9 @@ def other_trainer() -> None:
             est = predict_run(run_from_dict({
                 **TORCHTITAN_RUN, "id": f"torchtitan-llama31-8b-{gpus}", "num_gpus": gpus,
                 "global_batch": TORCHTITAN_RUN["micro_batch"] * gpus, "recompute": recompute}))
-            r = est.run
-            tokens = r.global_batch * r.seq_length / est.step_time_s / gpus
+            tokens = tokens_per_gpu(est)
             cells.append(f"{recompute} {tokens:.0f} ({tokens / published - 1:+.0%})")
+        r = est.run
         print(f"{r.id:<26} {layout_label(r):<27} published {published:.0f}; predicted "
               f"{', '.join(cells)}; with full recompute {dominant_terms(est)}")
 

@@ -37,10 +37,8 @@ def check_platform(cfg: Config, platform: Platform) -> None:
         raise ConfigError("MoE experts with linear biases fail in megatron-core 0.16.1's local "
                           "expert MLP (an in-place update of an autograd view); add "
                           "--disable-bias-linear, as MoE configs usually do")
-    par = cfg.parallel
-    etp = par.expert_tensor_parallel_size or par.tensor_model_parallel_size
-    if (cfg.model.num_experts and cfg.model.moe_token_dispatcher_type == "alltoall" and etp > 1
-            and platform.backend == "gloo"):
+    if (cfg.model.num_experts and cfg.model.moe_token_dispatcher_type == "alltoall"
+            and cfg.parallel.expert_tp > 1 and platform.backend == "gloo"):
         raise ConfigError("the alltoall dispatcher with expert tensor parallelism > 1 gathers "
                           "unequal token counts over the expert-TP group, which gloo cannot; "
                           "add --expert-tensor-parallel-size 1 or use the allgather dispatcher")

@@ -100,6 +100,11 @@ class ParallelConfig:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
 
+    @property
+    def expert_tp(self) -> int:
+        """The experts' TP size: --expert-tensor-parallel-size, else TP (megatron-core's rule)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
     def split_layers(self, num_layers: int) -> int:
         """The layers the pipeline split divides: the embedding and loss count when asked."""
         return (num_layers + self.account_for_embedding_in_pipeline_split

@@ -146,7 +146,7 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     layout = dict(num_gpus=num_gpus, tp=par.tensor_model_parallel_size,
                   pp=par.pipeline_model_parallel_size, cp=par.context_parallel_size,
                   ep=par.expert_model_parallel_size,
-                  etp=par.expert_tensor_parallel_size or par.tensor_model_parallel_size,
+                  etp=par.expert_tp,
                   vpp=vpp, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
                   sequence_parallel=par.sequence_parallel,
                   recompute=m.recompute_granularity or "none", zero=zero,
