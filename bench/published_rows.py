@@ -277,9 +277,73 @@ def nemo_rows() -> list[dict]:
     return rows
 
 
+MEGATRON_RECIPES = ("Megatron-LM examples/moe_recipes/README.md, 'Median TFLOP/s/GPU' (dev "
+                    "branch, commit 9c5258f109 of 2026-08-11), with the recipes of the same "
+                    "commit (qwen3_30b/h100/bf16_32GPU_TP1PP1EP8.yaml, "
+                    "qwen3_235b/h100/bf16_256GPU_TP2PP8EP32.yaml); TFLOP/s with causal attention "
+                    "(megatron/training/training.py of that commit)")
+# The Megatron-Core MoE team's H100 BF16 recipes of 2026 (PyTorch 26.03, TE 2.14), every knob
+# in the YAML: force-balanced routing, the flex dispatcher with the HybridEP backend (DeepEP's
+# hybrid-ep branch; `moe_dispatcher` flex), grouped GEMMs,
+# fused permutation and router, distributed optimizer with overlapped gradient reduction and
+# parameter gathers, FP32 gradient reduction (Megatron-LM's default with BF16), no dropout.
+# Qwen3-30B-A3B on 32 H100: TP1 PP1 EP8, micro-batch 1, global batch 256, no recompute, no EP
+# overlap. Qwen3-235B-A22B on 256 H100: TP2 (sequence parallel) PP8 EP32, 3 layers a virtual
+# stage with the embedding and the loss counted as layers (96 / 24: V4), micro-batch 1, global
+# batch 2048, the EP overlap, selective recompute of moe_act and layernorm; megatron-core skips
+# the pre-MLP norm's recompute under the recipe's router CUDA graph with the flex dispatcher
+# (`can_recompute_pre_mlp_layernorm_for_cudagraph` in transformer_layer.py of the same commit)
+# and the other norms are fused into TE's GEMMs, so moe_act alone is recomputed.
+QWEN3_30B_RECIPE_RUN = {
+    "id": "recipe-qwen3-30b-a3b-bf16", "gpu": "h100-sxm", "num_gpus": 32, "num_layers": 48,
+    "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "vocab": 151936,
+    "seq_length": 4096, "tp": 1, "pp": 1, "ep": 8, "etp": 1, "micro_batch": 1,
+    "global_batch": 256, "precision": "bf16", "swiglu": True, "num_experts": 128, "moe_topk": 8,
+    "moe_ffn_hidden": 768, "distributed_optimizer": True, "qk_layernorm": True, "dropout": 0.0,
+    "position_embedding": "rope", "moe_dispatcher": "flex"}
+QWEN3_235B_RECIPE_RUN = {
+    **QWEN3_30B_RECIPE_RUN, "id": "recipe-qwen3-235b-a22b-bf16", "num_gpus": 256,
+    "num_layers": 94, "hidden": 4096, "heads": 64, "moe_ffn_hidden": 1536, "tp": 2, "pp": 8,
+    "vpp": 4, "ep": 32, "global_batch": 2048, "account_for_embedding_in_pipeline_split": True,
+    "account_for_loss_in_pipeline_split": True, "moe_a2a_overlap": True,
+    "recompute": "selective", "recompute_modules": ["moe_act"]}
+
+
+# Outside the table, a ranking check: one model, one GPU type, five layouts, from the same
+# team's earlier best-practice table (step times; the H100 rows' own 'Code' column gives two
+# code versions). DeepEP is the flex dispatcher as HybridEP above, "A2A" the all-to-all one;
+# "norm, act" is selective recompute of layernorm and moe_act (no CUDA graphs in these rows,
+# so megatron-core recomputes the pre-MLP norm too). Megatron-FSDP beside TP and EP is not
+# modelled (`runspec`: zero 2/3 for pure data parallelism), so that row is printed as such.
+MODELZOO = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md (commit c1ad0b5c89), "
+            "H100 table, Qwen3-235B-A22B, 256 H100, BF16, sequence 4096, global batch 2048, "
+            "with model_configs/benchmarking/Qwen3-235B-A22B.yaml (embedding and loss counted "
+            "as pipeline layers)")
+NORM_ACT = {"recompute": "selective", "recompute_modules": ["layernorm", "moe_act"]}
+MODELZOO_BASE = {key: value for key, value in QWEN3_235B_RECIPE_RUN.items()
+                 if key not in ("recompute", "recompute_modules", "moe_a2a_overlap")}
+MODELZOO_RUNS = [
+    # label, code, published step s, the run's fields over MODELZOO_BASE
+    ("DeepEP EP32, norm+act", "moe_dev f3e6c5", 19.7, NORM_ACT),
+    ("DeepEP EP32, norm+act, EP overlap", "moe_dev f3e6c5", 17.6,
+     {**NORM_ACT, "moe_a2a_overlap": True}),
+    ("DeepEP EP8, FSDP, full recompute", "main 1e057005", 17.6,
+     {"ep": 8, "pp": 1, "vpp": 1, "zero": 3, "micro_batch": 4, "recompute": "full"}),
+    ("all-to-all EP8, norm+act", "main 1e057005", 24.2,
+     {**NORM_ACT, "ep": 8, "pp": 32, "vpp": 3, "moe_dispatcher": "alltoall"}),
+    ("DeepEP EP8 TP4, no recompute", "main 1e057005", 29.0, {"ep": 8, "tp": 4, "vpp": 4}),
+]
+
+
+def megatron_recipe_rows() -> list[dict]:
+    return [{"source": MEGATRON_RECIPES, "published": tflops,
+             "metric": "TFLOP/s/GPU (causal attention)", "run": run}
+            for run, tflops in ((QWEN3_30B_RECIPE_RUN, 234.1), (QWEN3_235B_RECIPE_RUN, 214.3))]
+
+
 def published_rows() -> list[dict]:
     return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
-            + megatron_bridge_rows() + nemo_rows())
+            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows())
 
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_lgs.lgs.flops import flops_with_full_recompute  # noqa: E402
+from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step  # noqa: E402
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
 from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
@@ -34,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
     MEGATRON_H100_ROW,
+    MODELZOO,
+    MODELZOO_BASE,
+    MODELZOO_RUNS,
     STRONG_SCALING,
     TORCHTITAN,
     TORCHTITAN_RUN,
@@ -85,6 +88,8 @@ def metric(row: dict, est: StepEstimate) -> float:
         return tokens_per_gpu(est)
     if row["metric"].endswith("(with recompute)"):
         return flops_with_full_recompute(r) / est.step_time_s / r.num_gpus / 1e12
+    if row["metric"].endswith("(causal attention)"):
+        return model_flops_per_step(r, causal=True) / est.step_time_s / r.num_gpus / 1e12
     return est.tflops_per_gpu
 
 
@@ -172,6 +177,28 @@ def other_trainer() -> None:
               f"{', '.join(cells)}; with full recompute {dominant_terms(est)}")
 
 
+def layout_ranking() -> None:
+    """One model on one GPU type at several published layouts: the step times predicted, and
+    how many pairs of layouts the model orders as the source measured them."""
+    print(f"\n## outside the table: ranking layouts, {MODELZOO} (step time s)")
+    ranked = []
+    for label, code, published, fields in MODELZOO_RUNS:
+        try:
+            run = run_from_dict({**MODELZOO_BASE, "id": label, **fields})
+        except RunError as e:
+            print(f"{label:<36} {code:<15} published {published:>5.1f}  not modelled: {e}")
+            continue
+        est = predict_run(run)
+        ranked.append((published, est.step_time_s))
+        fit = "" if est.fits_memory else ", does not fit"
+        print(f"{label:<36} {code:<15} published {published:>5.1f}  predicted "
+              f"{est.step_time_s:>5.1f} ({published / est.step_time_s - 1:+.1%} faster than "
+              f"published{fit})  {layout_label(run)}; {dominant_terms(est)}")
+    pairs = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if a[0] != b[0]]
+    same = sum((a[0] < b[0]) == (a[1] < b[1]) for a, b in pairs)
+    print(f"pairs of modelled layouts ordered as published: {same} of {len(pairs)}")
+
+
 def micro_batch_sensitivity(out: list[dict]) -> None:
     """Where a source leaves the micro-batch size out, the error at each size (virtual stages
     still the fastest): how much of a row's error is the choice."""
@@ -235,6 +262,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     micro_batch_sensitivity(out)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
+    layout_ranking()
     other_trainer()
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))

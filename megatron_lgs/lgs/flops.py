@@ -31,9 +31,13 @@ def logits_flops_per_token(r: Run) -> float:
     return 6.0 * r.hidden * r.vocab
 
 
-def model_flops_per_step(r: Run) -> float:
-    """Megatron-LM's count for one global batch (no recompute)."""
+def model_flops_per_step(r: Run, causal: bool = False) -> float:
+    """Megatron-LM's count for one global batch (no recompute). `causal`: the score FLOPs
+    halved by the causal mask, as Megatron-LM counts them since 2025 (`attn_layer_flops` of
+    megatron/training/training.py, dev branch of 2026-08, commit 9c5258f109)."""
     gemm, attn = layer_flops_per_token(r)
+    if causal:
+        attn /= 2
     tokens = r.global_batch * r.seq_length
     return tokens * (r.num_layers * (gemm + attn) + logits_flops_per_token(r))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile
 from megatron_lgs.lgs.kernels import flash_attention_time, gemm_fwd_bwd, memory_time
-from megatron_lgs.lgs.moecost import moe_mlp, overlap_all_to_all
+from megatron_lgs.lgs.moecost import expert_activation_bytes, moe_mlp, overlap_all_to_all
 from megatron_lgs.lgs.runspec import Run
 from megatron_lgs.lgs.tpcomm import (
     expert_tp_comm,
@@ -219,8 +219,27 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
     elif r.recompute == "selective":
-        c.bwd["recompute"] = af + memory_time(4.5 * score, gpu)
+        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score)
     return c
+
+
+def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: float,
+                        score_bytes: float) -> float:
+    """The forward work Megatron-LM's selective recompute runs again in one layer's backward,
+    by module: core_attn the attention forward (with its softmax passes when unfused), moe_act
+    the experts' activation, layernorm an MoE layer's pre-MLP norm (one read and one write of
+    the sequence-sharded hidden state; megatron-core 0.16 `transformer_layer.py` skips the
+    norms Transformer Engine fuses into the next GEMM, which are all the others)."""
+    modules = r.recompute_modules
+    t = 0.0
+    if "core_attn" in modules:
+        t += attention_fwd + memory_time(4.5 * score_bytes, gpu)
+    if r.num_experts and "moe_act" in modules:
+        t += memory_time(expert_activation_bytes(r, tok), gpu)
+    if r.num_experts and "layernorm" in modules:
+        sp = r.tp if r.sequence_parallel else 1
+        t += memory_time(2 * tok / sp * r.hidden * 2, gpu)
+    return t
 
 
 def logits_cost(r: Run, gpu: GpuProfile) -> Cost:

@@ -25,14 +25,59 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
     router = gemm_fwd_bwd(tok / t, e, h, gpu, p)
     fwd = local * (f1[0] + f2[0]) + router[0]
     bwd = local * (f1[1] + f2[1]) + router[1]
-    fp, bp = (3, 5) if r.swiglu else (2, 3)
+    bp = 5 if r.swiglu else 3
     # Activation, then permute and unpermute of each token copy (read + write each way).
     copies = local * per_expert
-    elem_f, elem_b = copies * (fp * f + 4 * h) * 2, copies * (bp * f + 4 * h) * 2
-    sent = tok / t * r.moe_topk * h * 2
-    intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
-    a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
+    elem_f = expert_activation_bytes(r, tok) + copies * 4 * h * 2
+    elem_b = copies * (bp * f + 4 * h) * 2
+    if r.moe_dispatcher == "flex":
+        a2a = 2 * flex_dispatch_time(r, hw, tok)
+    else:
+        sent = tok / t * r.moe_topk * h * 2
+        intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
+        a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
     return fwd, bwd, elem_f, elem_b, a2a
+
+
+def _holds_one(experts: int, group: int, k: int) -> float:
+    """Probability that a group of `group` of the `experts` holds at least one of a token's k
+    distinct experts, the k drawn uniformly (balanced routing)."""
+    miss = 1.0
+    for i in range(k):
+        miss *= max(0, experts - group - i) / (experts - i)
+    return 1.0 - miss
+
+
+def flex_dispatch_time(r: Run, hw: HardwareProfile, tok: float) -> float:
+    """One dispatch (or combine) of megatron-core's flex dispatcher, DeepEP's or HybridEP's
+    kernels (expert TP 1): a token goes once to each GPU that holds any of its experts, not
+    once per expert as the all-to-all dispatcher's permuted copies go (DeepEP's
+    `get_dispatch_layout`: tokens per rank and `is_token_in_rank`), and across nodes once per
+    node, over RDMA to the GPU of the same index there, which forwards it over NVLink to the
+    others (DeepEP's README, "forwarding data from NVLink domain to RDMA domain"; Hybrid-EP's
+    "hierarchical communication design", docs/README_Hybrid-EP.md). NVLink and the network
+    run at once; the slower sets the time."""
+    row = r.hidden * 2  # BF16 hidden state
+    sent = tok / r.tp
+    per_node = min(r.ep, r.gpus_per_node)
+    nodes = r.ep // per_node
+    on_gpu = _holds_one(r.num_experts, r.num_experts // r.ep, r.moe_topk)
+    on_node = _holds_one(r.num_experts, r.num_experts // nodes, r.moe_topk)
+    # Every GPU of the node a token reaches, the sender's own node and each remote one, gets it
+    # over NVLink but the one that holds it already.
+    nvlink = sent * nodes * (per_node - 1) * on_gpu * row
+    network = sent * (nodes - 1) * on_node * row
+    t_intra = (per_node - 1) * hw.intra.alpha_s + nvlink / hw.intra.bandwidth_Bps
+    t_inter = (nodes - 1) * hw.inter.alpha_s + network / hw.inter.bandwidth_Bps if network else 0.0
+    return max(t_intra, t_inter)
+
+
+def expert_activation_bytes(r: Run, tok: float) -> float:
+    """Bytes the experts' activation moves forward on one GPU, one micro-batch: SwiGLU reads
+    both halves of the first GEMM's output and writes one (3 passes of the expert width), GeLU
+    reads and writes it (2), BF16, for every routed token copy the GPU's experts receive."""
+    copies = tok * r.moe_topk / r.tp * r.etp
+    return copies * (3 if r.swiglu else 2) * r.expert_ffn / r.etp * 2
 
 
 def overlap_all_to_all(r: Run, gpu: GpuProfile, fwd: dict[str, float], bwd: dict[str, float]

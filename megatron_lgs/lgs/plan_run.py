@@ -42,18 +42,18 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (NVIDIA's, "
-                 "2024-2025, BF16 and FP8) was slower than this model predicts, by a median "
-                 "18%, though their GEMM and attention kernels, measured on an H200, run at "
-                 "its times (bench/measured/h200-2026-12-04); rank layouts by it, do not take "
-                 "its MFU as a promise")
+                 "2024-2026, BF16 and FP8) was slower than this model predicts, by a median "
+                 "19%, though their GEMM and attention kernels, measured on an H200, run at "
+                 "its times (bench/measured/h200-2026-12-04); do not take its MFU as a promise, "
+                 "and rank layouts by it with care: of one MoE model's published H100 layouts "
+                 "(Qwen3-235B) it orders 4 of 6 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
-# read like the dense rows; of the two with experts narrower than it, one ran far slower.
+# read like the dense rows; narrower ones read further off, and differently by release.
 FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "
-                   "bench/published_runs.py, Qwen3-235B-A22B (256 H100) ran 1.2x slower than "
-                   "this model predicts, as dense H100 runs do, but Qwen3-30B-A3B (16 H100, "
-                   "128 experts of 768) 3.3x slower, for a reason the model does not know (it "
-                   "counts the router and the permutation; the per-expert kernel launches it "
-                   "leaves out are a tenth of the gap)")
+                   "bench/published_runs.py, Qwen3-30B-A3B and Qwen3-235B-A22B on Megatron-LM's "
+                   "recipes of 2026 ran 1.3x and 1.8x slower than this model predicts, on "
+                   "Megatron-Bridge 25.11 1.2x (235B) and 3.3x (30B): the software moves these "
+                   "runs more than the model's terms do")
 ROW_GRID_MB = [16, 64, 256]
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.

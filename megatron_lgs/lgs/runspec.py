@@ -5,8 +5,9 @@ raises `RunError(field, reason)` for a missing or inconsistent field. Defaults o
 fields (null or absent): gpus_per_node 8, nic_gbit_per_gpu the profile's usual fabric,
 ffn_hidden 4 x hidden, kv_heads = heads, head_dim hidden / heads (the width of one attention
 head, Megatron's --kv-channels; Qwen3's 128 beside a hidden of 2048 and 32 heads), cp 1, dp
-derived, ep 1, vpp 1, recompute none, precision bf16 (fp16 on V100), swiglu false, num_experts 0
-(dense), moe_topk 2, distributed_optimizer false, sequence_parallel true when tp > 1
+derived, ep 1, vpp 1, recompute none (selective: Megatron-LM's --recompute-granularity
+selective, of the `recompute_modules` below), precision bf16 (fp16 on V100), swiglu false,
+num_experts 0 (dense), moe_topk 2, distributed_optimizer false, sequence_parallel true when tp > 1
 (megatron-core needs it for MoE with TP and Megatron-LM's examples set it), and the extensions:
 zero (0, or 1 with the distributed optimizer; 2/3 are Megatron-FSDP optim_grads /
 optim_grads_params), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden),
@@ -38,7 +39,16 @@ rotary embeddings applied to every query and key, charged as element-wise passes
 rope_fusion (true, Megatron-LM's default: Transformer Engine's fused kernel; false, its
 --no-rope-fusion: megatron-core's unfused torch ops; read only with rope), and
 dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen and Mixtral
-recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`).
+recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`), and
+recompute_modules (Megatron-LM's --recompute-modules, read with recompute "selective"; its
+default ["core_attn"]; the modules modelled are core_attn, moe_act (each routed token's expert
+activation, recomputed before its second GEMM's backward) and layernorm (with Transformer
+Engine's spec the attention norm and a dense MLP's norm are fused into the next GEMM, so only an
+MoE layer's pre-MLP norm is recomputed); see `layercost` and `stepmemory`), and
+moe_dispatcher (alltoall: megatron-core's all-to-all dispatcher over NCCL, one copy of a token
+per routed expert; flex: its flex dispatcher with DeepEP's or HybridEP's kernels, one copy per
+GPU and across nodes one per node, `moecost.flex_dispatch_time`, modelled with etp 1;
+megatron-core's allgather dispatcher is not modelled).
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ from megatron_lgs.lgs.gpus import GPUS
 from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split, pipeline_split
 
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
+MOE_DISPATCHERS = ("alltoall", "flex")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
@@ -116,6 +128,8 @@ class Run:
     position_embedding: str = "learned_absolute"
     rope_fusion: bool = True
     dropout: float = 0.1
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    moe_dispatcher: str = "alltoall"
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -177,6 +191,12 @@ def _typed(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise RunError(name, f"must be a positive number, got {value!r}")
         return float(value)
+    if name == "recompute_modules":
+        if not isinstance(value, list | tuple) or not value or any(
+                m not in RECOMPUTE_MODULES for m in value):
+            raise RunError(name, f"must be a non-empty list of {RECOMPUTE_MODULES} (the "
+                                 f"modules modelled), got {value!r}")
+        return tuple(value)
     if name == "dropout":
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
             raise RunError(name, f"must be a probability in [0, 1), got {value!r}")
@@ -271,6 +291,9 @@ def check_run(r: Run) -> None:
     _divides("kv_heads", f"heads {r.heads} not divisible by kv_heads {r.kv_heads}", r.kv_heads,
              r.heads)
     _divides("kv_heads", f"kv_heads {r.kv_heads} not divisible by tp {r.tp}", r.tp, r.kv_heads)
+    if r.recompute_modules != ("core_attn",) and r.recompute != "selective":
+        raise RunError("recompute_modules", "takes recompute \"selective\" (Megatron-LM's "
+                                            "--recompute-granularity selective)")
     if r.recompute_num_layers and r.recompute != "full":
         raise RunError("recompute_num_layers", "takes recompute \"full\" (Megatron's block "
                                                "method)")
@@ -303,6 +326,13 @@ def check_run(r: Run) -> None:
         raise RunError("ep", "expert parallelism needs num_experts > 0")
     elif r.etp != r.tp:
         raise RunError("etp", f"expert tensor parallelism ({r.etp}) needs num_experts > 0")
+    if r.moe_dispatcher not in MOE_DISPATCHERS:
+        raise RunError("moe_dispatcher", f"must be one of {MOE_DISPATCHERS} (the allgather "
+                                         f"dispatcher is not modelled), got {r.moe_dispatcher!r}")
+    if r.moe_dispatcher == "flex" and (not r.num_experts or r.ep == 1 or r.etp != 1
+                                       or r.ep % min(r.ep, r.gpus_per_node)):
+        raise RunError("moe_dispatcher", "flex is modelled for MoE with ep > 1, etp 1 and an "
+                                         "EP group of whole nodes or part of one")
     if r.moe_a2a_overlap and (r.ep == 1 or r.recompute == "full" or (r.pp > 1 and r.vpp == 1)):
         raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap needs ep > 1, "
                                           "no full recompute and, with pp > 1, virtual stages")

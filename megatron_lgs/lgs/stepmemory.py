@@ -13,7 +13,8 @@ Recomputation", sec. 4: 34 s b h + 5 a s^2 b bytes with sequence parallelism), g
 GQA, SwiGLU, MoE, FP8 (GEMM inputs kept at 1 B), fused attention (which keeps no score matrix
 but its output and softmax statistics) and runs without dropout (no masks). The MLP and MoE
 blocks' share and the dropout masks are checked against what megatron-core 0.16's own modules
-save for backward (tests/unit/lgs/test_activation_memory.py); full recompute keeps each layer's
+save for backward (tests/unit/lgs/test_activation_memory.py); selective recompute frees what
+its modules recompute (`selective_freed_bytes`); full recompute keeps each layer's
 input plus one layer's working set; 1F1B holds pp - k micro-batches on stage k, interleaving (1
 + (pp - 1) / (pp v)) times that.
 A fixed 10% of the board (its memory as the driver reports it, `gpus` [NVML]) is reserved for
@@ -121,10 +122,26 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 
+def selective_freed_bytes(r: Run) -> float:
+    """Bytes of one layer, one micro-batch, one GPU that selective recompute does not keep, by
+    module (`Run.recompute_modules`): core_attn the score matrices (fused attention keeps none);
+    moe_act the experts' second GEMM input, which megatron-core 0.16 discards after that GEMM's
+    forward and recomputes (`experts.py`, CheckpointWithoutOutput; with FP8 the GEMM keeps the
+    original BF16 input, discarded the same way); layernorm an MoE layer's pre-MLP norm output,
+    the router's saved input (the attention and dense MLP norms are fused into the next GEMM)."""
+    tok = r.micro_batch * r.seq_length / r.cp
+    freed = layer_activation_bytes(r)[1] if "core_attn" in r.recompute_modules else 0.0
+    if r.num_experts and "moe_act" in r.recompute_modules:
+        freed += tok * r.moe_topk / r.tp * r.etp * saved_input_bytes(r) * r.expert_ffn / r.etp
+    if r.num_experts and "layernorm" in r.recompute_modules:
+        freed += tok * 2 * r.hidden / (r.tp if r.sequence_parallel else 1)
+    return freed
+
+
 def activation_bytes(r: Run, stage: int) -> float:
     per_stage = r.stage_layers[stage]
-    full, scores, inp = layer_activation_bytes(r)
-    kept = {"none": full, "selective": full - scores, "full": full}[r.recompute]
+    full, _, inp = layer_activation_bytes(r)
+    kept = full - selective_freed_bytes(r) if r.recompute == "selective" else full
     recomputed = r.recomputed_layers(stage)
     inflight = min(r.num_micro_batches, r.pp - stage)
     if r.vpp > 1:

@@ -1,5 +1,5 @@
-"""Whole-step model: megatron-core's EP all-to-all overlap against a hand calculation, and its
-one-line errors."""
+"""Whole-step model: megatron-core's EP all-to-all overlap, its flex dispatcher and selective
+recompute's modules against hand calculations, and their one-line errors."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.layercost import layer_cost
-from megatron_lgs.lgs.runspec import RunError, run_from_dict
+from megatron_lgs.lgs.moecost import flex_dispatch_time
+from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
+from megatron_lgs.lgs.stepmemory import activation_bytes, selective_freed_bytes
 from megatron_lgs.lgs.stepmodel import predict_run
 
 A100 = get_gpu("a100-80gb")
@@ -78,3 +80,97 @@ def test_all_to_all_overlap_refuses_what_megatron_core_refuses(kw) -> None:
     with pytest.raises(RunError, match="moe_a2a_overlap") as info:
         run(moe_a2a_overlap=True, **kw)
     assert "\n" not in str(info.value)
+
+
+def test_selective_recompute_modules_by_hand() -> None:
+    """Per module of Megatron-LM's --recompute-modules: moe_act runs the experts' SwiGLU again
+    (3 passes of the expert width, BF16, per routed token copy), layernorm an MoE layer's
+    pre-MLP norm (a read and a write of the hidden state), core_attn the attention forward;
+    a dense layer has neither of the first two to recompute."""
+    hw = link_profile(A100)
+    hbm = 2039e9 * HBM_EFFICIENCY
+    tok, h, f, k = 2048, 4096, 4 * 4096, 2
+
+    def recompute(modules: list[str], **kw) -> float:
+        r = run(recompute="selective", recompute_modules=modules, **kw)
+        return layer_cost(r, A100, hw).bwd["recompute"]
+
+    act, norm = recompute(["moe_act"]), recompute(["layernorm"])
+    assert act == pytest.approx(tok * k * 3 * f * 2 / hbm)
+    assert norm == pytest.approx(2 * tok * h * 2 / hbm)
+    attn = layer_cost(run(), A100, hw).fwd["attention"]
+    assert recompute(["core_attn"]) == pytest.approx(attn)
+    assert recompute(["core_attn", "moe_act", "layernorm"]) == pytest.approx(attn + act + norm)
+    assert recompute(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
+    for modules in (["moe_act"], ["layernorm"], ["core_attn", "moe_act", "layernorm"]):
+        steps = [predict_run(run(**kw)).step_time_s for kw in (
+            {}, {"recompute": "selective", "recompute_modules": modules}, {"recompute": "full"})]
+        assert steps[0] < steps[1] < steps[2], modules
+
+
+def test_selective_recompute_frees_what_its_modules_recompute() -> None:
+    """moe_act frees each routed token copy's second-GEMM input (BF16, 1 B under FP8),
+    layernorm the router's BF16 input; the peak of a one-stage run falls by that per layer."""
+    tok, h, f, k = 2048, 4096, 4 * 4096, 2
+
+    def freed(modules: list[str], **kw) -> float:
+        return selective_freed_bytes(run(recompute="selective", recompute_modules=modules, **kw))
+
+    assert freed(["moe_act"]) == tok * k * 2 * f
+    assert freed(["moe_act"], gpu="h100-sxm", precision="fp8") == tok * k * 1 * f
+    assert freed(["layernorm"]) == tok * 2 * h
+    assert freed(["core_attn"]) == 0.0  # fused attention keeps no scores
+    assert freed(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
+    plain = run()
+    sel = run(recompute="selective", recompute_modules=["moe_act", "layernorm"])
+    assert activation_bytes(plain, 0) - activation_bytes(sel, 0) == pytest.approx(
+        plain.num_layers * (tok * k * 2 * f + tok * 2 * h))
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"recompute": "selective", "recompute_modules": ["moe"]}, "non-empty list"),
+    ({"recompute": "selective", "recompute_modules": []}, "non-empty list"),
+    ({"recompute_modules": ["moe_act"]}, "takes recompute"),
+])
+def test_recompute_modules_errors(kw, says) -> None:
+    with pytest.raises(RunError, match="recompute_modules") as info:
+        run(**kw)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_flex_dispatcher_by_hand() -> None:
+    """DeepEP/HybridEP send a token once to each GPU holding any of its experts and across
+    nodes once per node: with 8 experts top-2 on EP8 inside a node a GPU holds 1 expert, so a
+    token reaches it with probability 1 - (7/8)(6/7) = 1/4, each of the 7 peers; across two
+    nodes (EP16, 16 experts) a node holds 8, reached with probability 1 - (8/16)(7/15)."""
+    hw = link_profile(A100)
+    tok, row = 2048, 4096 * 2
+    one_node = run(moe_dispatcher="flex")
+    nvlink = tok * 7 * (1 / 4) * row
+    expected = 7 * hw.intra.alpha_s + nvlink / hw.intra.bandwidth_Bps
+    assert flex_dispatch_time(one_node, hw, tok) == pytest.approx(expected)
+    two = run(moe_dispatcher="flex", ep=16, num_experts=16, num_gpus=32, global_batch=128)
+    on_gpu, on_node = 1 - (15 / 16) * (14 / 15), 1 - (8 / 16) * (7 / 15)
+    t_intra = 7 * hw.intra.alpha_s + tok * 2 * 7 * on_gpu * row / hw.intra.bandwidth_Bps
+    t_inter = hw.inter.alpha_s + tok * on_node * row / hw.inter.bandwidth_Bps
+    assert flex_dispatch_time(two, hw, tok) == pytest.approx(max(t_intra, t_inter))
+    # The all-to-all dispatcher sends a copy per routed expert: the same traffic where a GPU
+    # holds one expert and a node one GPU's worth, more where a token's experts share either.
+    def a2a(r: Run) -> float:
+        return layer_cost(r, A100, hw).fwd["moe_all_to_all"]
+
+    assert a2a(one_node) == pytest.approx(a2a(replace(one_node, moe_dispatcher="alltoall")))
+    assert 0 < a2a(two) < a2a(replace(two, moe_dispatcher="alltoall"))
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"moe_dispatcher": "allgather"}, "not modelled"),
+    ({"moe_dispatcher": "flex", "ep": 1}, "ep > 1"),
+    ({"moe_dispatcher": "flex", "tp": 2, "etp": 2}, "etp 1"),
+    ({"moe_dispatcher": "flex", "ep": 4, "gpus_per_node": 3, "num_gpus": 12,
+      "global_batch": 48}, "whole nodes"),
+])
+def test_moe_dispatcher_errors(kw, says) -> None:
+    with pytest.raises(RunError, match="moe_dispatcher") as info:
+        run(**kw)
+    assert says in str(info.value) and "\n" not in str(info.value)
