@@ -313,8 +313,8 @@ QWEN3_235B_RECIPE_RUN = {
 # team's earlier best-practice table (step times; the H100 rows' own 'Code' column gives two
 # code versions). DeepEP is the flex dispatcher as HybridEP above, "A2A" the all-to-all one;
 # "norm, act" is selective recompute of layernorm and moe_act (no CUDA graphs in these rows,
-# so megatron-core recomputes the pre-MLP norm too). Megatron-FSDP beside TP and EP is not
-# modelled (`runspec`: zero 2/3 for pure data parallelism), so that row is printed as such.
+# so megatron-core recomputes the pre-MLP norm too); "FSDP" is Megatron-FSDP sharding weights,
+# gradients and optimizer states (zero 3).
 MODELZOO = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md (commit c1ad0b5c89), "
             "H100 table, Qwen3-235B-A22B, 256 H100, BF16, sequence 4096, global batch 2048, "
             "with model_configs/benchmarking/Qwen3-235B-A22B.yaml (embedding and loss counted "

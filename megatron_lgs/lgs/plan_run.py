@@ -46,7 +46,7 @@ HOPPER_CAVEAT = ("Hopper: every published H100 run of bench/published_runs.py (N
                  "19%, though their GEMM and attention kernels, measured on an H200, run at "
                  "its times (bench/measured/h200-2026-12-04); do not take its MFU as a promise, "
                  "and rank layouts by it with care: of one MoE model's published H100 layouts "
-                 "(Qwen3-235B) it orders 4 of 6 pairs as measured")
+                 "(Qwen3-235B) it orders 4 of 9 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
 # read like the dense rows; narrower ones read further off, and differently by release.
 FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "

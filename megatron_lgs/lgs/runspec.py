@@ -10,45 +10,46 @@ selective, of the `recompute_modules` below), precision bf16 (fp16 on V100), swi
 num_experts 0 (dense), moe_topk 2, distributed_optimizer false, sequence_parallel true when tp > 1
 (megatron-core needs it for MoE with TP and Megatron-LM's examples set it), and the extensions:
 zero (0, or 1 with the distributed optimizer; 2/3 are Megatron-FSDP optim_grads /
-optim_grads_params), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden),
-flash_attention (true, false on V100), tp_comm_overlap (false, Megatron-LM's default),
-overlap_grad_reduce (true), overlap_param_gather (= overlap_grad_reduce), untie_embeddings
-(true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused weight-gradient
-accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see `gradbuffer`),
-overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which applies to
-interleaved schedules only), p2p_scatter_gather (false; true: Megatron-LM of 2021's default
-scatter-gather of pipeline sends over the TP group), tp_async_backward (true: Transformer Engine
-runs the column-parallel backward's collectives beside the gradient GEMMs; false: Megatron-LM of
-2021's blocking all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true: gradients accumulated and
-reduced in FP32, what Megatron-LM's arguments force with BF16; false: megatron-core's DDP config
-left at BF16, as NeMo's Megatron-Bridge performance recipes set it; FP16 runs always use FP16),
-fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current: per-tensor current scaling,
-NeMo's FP8-CS; read only when precision is fp8), fp8_params (true: the weights are FP8
-parameters, Megatron-LM's --fp8-param-gather as Megatron-Bridge's FP8 recipes set it; false: BF16
-weights beside Transformer Engine's cached FP8 copy and transpose, 2 B more a parameter, see
-`stepmemory`; read only when precision is fp8), and megatron-core's uneven pipeline splits:
-decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
-account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
-Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
-Megatron's block method, the first N layers of each model chunk), moe_a2a_overlap (false;
-true: megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
-moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute),
-qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm),
-position_embedding (learned_absolute, Megatron-LM's --position-embedding-type default; rope:
-rotary embeddings applied to every query and key, charged as element-wise passes; none),
-rope_fusion (true, Megatron-LM's default: Transformer Engine's fused kernel; false, its
---no-rope-fusion: megatron-core's unfused torch ops; read only with rope), and
-dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen and Mixtral
-recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`), and
+optim_grads_params, modelled with pp 1; this trainer runs them with pure data parallelism and
+the planner proposes them only there), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden
+(= ffn_hidden), flash_attention (true, false on V100), tp_comm_overlap (false, Megatron-LM's
+default), overlap_grad_reduce (true), overlap_param_gather (= overlap_grad_reduce),
+untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
+weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see
+`gradbuffer`), overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which
+applies to interleaved schedules only), p2p_scatter_gather (false; true: Megatron-LM of 2021's
+default scatter-gather of pipeline sends over the TP group), tp_async_backward (true:
+Transformer Engine runs the column-parallel backward's collectives beside the gradient GEMMs;
+false: Megatron-LM of 2021's blocking all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true:
+gradients accumulated and reduced in FP32, what Megatron-LM's arguments force with BF16; false:
+megatron-core's DDP config left at BF16, as NeMo's Megatron-Bridge performance recipes set it;
+FP16 runs always use FP16), fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current:
+per-tensor current scaling, NeMo's FP8-CS; read only when precision is fp8), fp8_params (true:
+the weights are FP8 parameters, Megatron-LM's --fp8-param-gather as Megatron-Bridge's FP8
+recipes set it; false: BF16 weights beside Transformer Engine's cached FP8 copy and transpose, 2
+B more a parameter, see `stepmemory`; read only when precision is fp8), and megatron-core's
+uneven pipeline splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers
+(null: the even share) and account_for_embedding_in_pipeline_split /
+account_for_loss_in_pipeline_split (false), with Megatron-LM's flag names, recompute_num_layers
+(null: full recompute of every layer; N: Megatron's block method, the first N layers of each
+model chunk), moe_a2a_overlap (false; true: megatron-core's EP all-to-all overlap,
+--overlap-moe-expert-parallel-comm, Bridge's moe_a2a_overlap; it needs ep > 1, virtual stages
+when pp > 1 and no full recompute), qk_layernorm (false; true: a norm on each query and key
+head, Qwen3's, --qk-layernorm), position_embedding (learned_absolute, Megatron-LM's
+--position-embedding-type default; rope: rotary embeddings applied to every query and key,
+charged as element-wise passes; none), rope_fusion (true, Megatron-LM's default: Transformer
+Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torch ops; read only
+with rope), dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama,
+Qwen and Mixtral recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`),
 recompute_modules (Megatron-LM's --recompute-modules, read with recompute "selective"; its
 default ["core_attn"]; the modules modelled are core_attn, moe_act (each routed token's expert
 activation, recomputed before its second GEMM's backward) and layernorm (with Transformer
 Engine's spec the attention norm and a dense MLP's norm are fused into the next GEMM, so only an
-MoE layer's pre-MLP norm is recomputed); see `layercost` and `stepmemory`), and
-moe_dispatcher (alltoall: megatron-core's all-to-all dispatcher over NCCL, one copy of a token
-per routed expert; flex: its flex dispatcher with DeepEP's or HybridEP's kernels, one copy per
-GPU and across nodes one per node, `moecost.flex_dispatch_time`, modelled with etp 1;
-megatron-core's allgather dispatcher is not modelled).
+MoE layer's pre-MLP norm is recomputed); see `layercost` and `stepmemory`), and moe_dispatcher
+(alltoall: megatron-core's all-to-all dispatcher over NCCL, one copy of a token per routed
+expert; flex: its flex dispatcher with DeepEP's or HybridEP's kernels, one copy per GPU and
+across nodes one per node, `moecost.flex_dispatch_time`, modelled with etp 1; megatron-core's
+allgather dispatcher is not modelled).
 """
 
 from __future__ import annotations
@@ -336,6 +337,6 @@ def check_run(r: Run) -> None:
     if r.moe_a2a_overlap and (r.ep == 1 or r.recompute == "full" or (r.pp > 1 and r.vpp == 1)):
         raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap needs ep > 1, "
                                           "no full recompute and, with pp > 1, virtual stages")
-    if r.zero >= 2 and (r.tp, r.pp, r.cp, r.ep) != (1, 1, 1, 1):
-        raise RunError("zero", "Megatron-FSDP (zero 2/3) is wired here for pure data "
-                               "parallelism (tp = pp = cp = ep = 1)")
+    if r.zero >= 2 and r.pp > 1:
+        raise RunError("zero", "Megatron-FSDP (zero 2/3) is modelled without pipeline "
+                               "parallelism (pp 1)")

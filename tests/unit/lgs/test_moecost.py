@@ -1,5 +1,6 @@
-"""Whole-step model: megatron-core's EP all-to-all overlap, its flex dispatcher and selective
-recompute's modules against hand calculations, and their one-line errors."""
+"""Whole-step model: megatron-core's EP all-to-all overlap, its flex dispatcher, selective
+recompute's modules and Megatron-FSDP beside expert parallelism against hand calculations, and
+their one-line errors."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from megatron_lgs.lgs.costmodel import all_gather_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.layercost import layer_cost
 from megatron_lgs.lgs.moecost import flex_dispatch_time
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
-from megatron_lgs.lgs.stepmemory import activation_bytes, selective_freed_bytes
-from megatron_lgs.lgs.stepmodel import predict_run
+from megatron_lgs.lgs.stepmemory import activation_bytes, selective_freed_bytes, states_bytes
+from megatron_lgs.lgs.stepmodel import compute_phase, predict_run, stage_params
 
 A100 = get_gpu("a100-80gb")
 # 16 GPUs, EP8 over two nodes, 8 experts top-2: 4 micro-batches of one sequence per rank.
@@ -174,3 +176,22 @@ def test_moe_dispatcher_errors(kw, says) -> None:
     with pytest.raises(RunError, match="moe_dispatcher") as info:
         run(**kw)
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_megatron_fsdp_beside_tp_and_ep_by_hand() -> None:
+    """ZeRO-3 with TP2 EP8 (expert TP 1) on two nodes: each micro-batch gathers the dense
+    weights over the 8 data-parallel ranks (4 a node, 2 nodes) and the experts over their 2
+    expert-data-parallel ranks (one a node); the states shrink to those shards."""
+    r = run(tp=2, etp=1, zero=3, global_batch=32)
+    assert (r.dp, r.num_micro_batches) == (8, 4)
+    hw = link_profile(A100)
+    (dense, expert), = stage_params(r)
+    ag = (all_gather_time(dense * 2, 4, hw.intra) + all_gather_time(dense * 2 / 4, 2, hw.inter)
+          + all_gather_time(expert * 2, 2, hw.inter))
+    costs, _, _ = compute_phase(r)
+    fwd = costs[0].fwd_s - costs[0].fwd["param_all_gather"]
+    assert costs[0].fwd["param_all_gather"] == pytest.approx(_beside(ag, fwd))
+    assert states_bytes(r, dense, expert) < states_bytes(replace(r, zero=1), dense, expert)
+    with pytest.raises(RunError, match="zero") as info:
+        run(tp=2, etp=1, zero=3, pp=2, global_batch=32, num_gpus=32)
+    assert "pipeline" in str(info.value) and "\n" not in str(info.value)
