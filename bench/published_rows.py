@@ -335,6 +335,27 @@ MODELZOO_RUNS = [
 ]
 
 
+# The same file's long-context table (H100, BF16, DeepEP): Qwen3-235B-A22B on 32 nodes, TP4
+# PP8 VP4 EP8 and CP growing with the sequence, global batch 256, micro-batch 1 (the ModelZoo's
+# runtime.conf), selective recompute of layernorm and moe (its command line), no EP overlap;
+# TFLOP/s with forced load balancing (the model's balanced routing; dropless beside it in the
+# README), counted with causal attention as Megatron-LM has since 2025-03 (commit 8873b55d6a).
+MODELZOO_LONG_CONTEXT = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md (commit "
+                         "c1ad0b5c89), 'Long Context' table, Qwen3-235B-A22B on 256 H100, BF16, "
+                         "DeepEP, forced load balancing, with its command line and runtime.conf; "
+                         "TFLOP/s with causal attention")
+LONG_CONTEXT_RUNS = [(16384, 1, 295.0), (32768, 2, 335.0), (65536, 4, 368.0), (131072, 8, 389.0)]
+
+
+def long_context_rows() -> list[dict]:
+    return [{"source": MODELZOO_LONG_CONTEXT, "published": tflops,
+             "metric": "TFLOP/s/GPU (causal attention)",
+             "run": {**MODELZOO_BASE, "id": f"modelzoo-qwen3-235b-{seq // 1024}k",
+                     "seq_length": seq, "tp": 4, "cp": cp, "ep": 8, "global_batch": 256,
+                     "recompute": "selective", "recompute_modules": ["layernorm", "moe"]}}
+            for seq, cp, tflops in LONG_CONTEXT_RUNS]
+
+
 def megatron_recipe_rows() -> list[dict]:
     return [{"source": MEGATRON_RECIPES, "published": tflops,
              "metric": "TFLOP/s/GPU (causal attention)", "run": run}
@@ -343,7 +364,7 @@ def megatron_recipe_rows() -> list[dict]:
 
 def published_rows() -> list[dict]:
     return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
-            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows())
+            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows())
 
 
 

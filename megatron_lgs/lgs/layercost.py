@@ -169,9 +169,11 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     proj = tp_gemm_parts(r, tok, h, r.q_dim / t, gpu, column=False)
     gf, gb = qkv[0] + proj[0], qkv[1] + qkv[2] + proj[1] + proj[2]
     column, row = [qkv], [proj]
+    moe_fwd = 0.0
     if r.num_experts:
         mf, mb, elem_f, elem_b, a2a = moe_mlp(r, gpu, hw, tok)
         c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
+        moe_fwd = mf + memory_time(elem_f, gpu) + a2a
     else:
         f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
         mf, mb = f1[0] + f2[0], f1[1] + f1[2] + f2[1] + f2[2]
@@ -219,22 +221,26 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
     elif r.recompute == "selective":
-        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score)
+        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score, moe_fwd)
     return c
 
 
 def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: float,
-                        score_bytes: float) -> float:
+                        score_bytes: float, moe_fwd: float) -> float:
     """The forward work Megatron-LM's selective recompute runs again in one layer's backward,
-    by module: core_attn the attention forward (with its softmax passes when unfused), moe_act
-    the experts' activation, layernorm an MoE layer's pre-MLP norm (one read and one write of
-    the sequence-sharded hidden state; megatron-core 0.16 `transformer_layer.py` skips the
-    norms Transformer Engine fuses into the next GEMM, which are all the others)."""
+    by module: core_attn the attention forward (with its softmax passes when unfused), moe the
+    whole MoE block's forward, `moe_fwd` (router, dispatch, experts and combine: megatron-core
+    0.16 `moe_layer.py` checkpoints them together), moe_act the experts' activation alone,
+    layernorm an MoE layer's pre-MLP norm (one read and one write of the sequence-sharded
+    hidden state; megatron-core 0.16 `transformer_layer.py` skips the norms Transformer Engine
+    fuses into the next GEMM, which are all the others)."""
     modules = r.recompute_modules
     t = 0.0
     if "core_attn" in modules:
         t += attention_fwd + memory_time(4.5 * score_bytes, gpu)
-    if r.num_experts and "moe_act" in modules:
+    if "moe" in modules:
+        t += moe_fwd
+    elif r.num_experts and "moe_act" in modules:
         t += memory_time(expert_activation_bytes(r, tok), gpu)
     if r.num_experts and "layernorm" in modules:
         sp = r.tp if r.sequence_parallel else 1

@@ -42,8 +42,9 @@ Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torc
 with rope), dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama,
 Qwen and Mixtral recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`),
 recompute_modules (Megatron-LM's --recompute-modules, read with recompute "selective"; its
-default ["core_attn"]; the modules modelled are core_attn, moe_act (each routed token's expert
-activation, recomputed before its second GEMM's backward) and layernorm (with Transformer
+default ["core_attn"]; the modules modelled are core_attn, moe (the whole MoE block, its
+all-to-alls included), moe_act (each routed token's expert activation, recomputed before its
+second GEMM's backward) and layernorm (with Transformer
 Engine's spec the attention norm and a dense MLP's norm are fused into the next GEMM, so only an
 MoE layer's pre-MLP norm is recomputed); see `layercost` and `stepmemory`), and moe_dispatcher
 (alltoall: megatron-core's all-to-all dispatcher over NCCL, one copy of a token per routed
@@ -61,7 +62,7 @@ from megatron_lgs.lgs.gpus import GPUS
 from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split, pipeline_split
 
 RECOMPUTE = ("none", "selective", "full")
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
+RECOMPUTE_MODULES = ("core_attn", "moe", "moe_act", "layernorm")
 MOE_DISPATCHERS = ("alltoall", "flex")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")

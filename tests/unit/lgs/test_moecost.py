@@ -11,9 +11,14 @@ import pytest
 from megatron_lgs.lgs.costmodel import all_gather_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.layercost import layer_cost
-from megatron_lgs.lgs.moecost import flex_dispatch_time
+from megatron_lgs.lgs.moecost import flex_dispatch_time, moe_mlp
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
-from megatron_lgs.lgs.stepmemory import activation_bytes, selective_freed_bytes, states_bytes
+from megatron_lgs.lgs.stepmemory import (
+    activation_bytes,
+    mlp_block_bytes,
+    selective_freed_bytes,
+    states_bytes,
+)
 from megatron_lgs.lgs.stepmodel import compute_phase, predict_run, stage_params
 
 A100 = get_gpu("a100-80gb")
@@ -104,7 +109,12 @@ def test_selective_recompute_modules_by_hand() -> None:
     assert recompute(["core_attn"]) == pytest.approx(attn)
     assert recompute(["core_attn", "moe_act", "layernorm"]) == pytest.approx(attn + act + norm)
     assert recompute(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
-    for modules in (["moe_act"], ["layernorm"], ["core_attn", "moe_act", "layernorm"]):
+    # moe: the whole block's forward again, router, experts, permutes and both all-to-alls.
+    plain = run()
+    mf, _, elem_f, _, a2a = moe_mlp(plain, A100, hw, tok)
+    assert recompute(["moe"]) == pytest.approx(mf + elem_f / hbm + a2a)
+    assert recompute(["moe", "moe_act"]) == recompute(["moe"])
+    for modules in (["moe_act"], ["layernorm"], ["moe"], ["core_attn", "moe_act", "layernorm"]):
         steps = [predict_run(run(**kw)).step_time_s for kw in (
             {}, {"recompute": "selective", "recompute_modules": modules}, {"recompute": "full"})]
         assert steps[0] < steps[1] < steps[2], modules
@@ -123,6 +133,9 @@ def test_selective_recompute_frees_what_its_modules_recompute() -> None:
     assert freed(["layernorm"]) == tok * 2 * h
     assert freed(["core_attn"]) == 0.0  # fused attention keeps no scores
     assert freed(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
+    # moe keeps the block's BF16 input alone; with layernorm not even that.
+    assert freed(["moe"]) == pytest.approx(tok * (mlp_block_bytes(run()) - 2 * h))
+    assert freed(["moe", "layernorm"]) == pytest.approx(tok * mlp_block_bytes(run()))
     plain = run()
     sel = run(recompute="selective", recompute_modules=["moe_act", "layernorm"])
     assert activation_bytes(plain, 0) - activation_bytes(sel, 0) == pytest.approx(
@@ -130,7 +143,7 @@ def test_selective_recompute_frees_what_its_modules_recompute() -> None:
 
 
 @pytest.mark.parametrize(("kw", "says"), [
-    ({"recompute": "selective", "recompute_modules": ["moe"]}, "non-empty list"),
+    ({"recompute": "selective", "recompute_modules": ["mlp"]}, "non-empty list"),
     ({"recompute": "selective", "recompute_modules": []}, "non-empty list"),
     ({"recompute_modules": ["moe_act"]}, "takes recompute"),
 ])

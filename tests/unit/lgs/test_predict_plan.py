@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -231,11 +232,12 @@ def test_published_rows_cite_and_validate() -> None:
         # These layouts ran: the memory model must not call them out of memory.
         if row.get("micro_batch") != "not published":
             assert predict_run(run).fits_memory, run.id
-    # What plan_run's Hopper header says: every H100 row predicted faster, median ~19%.
+    # What plan_run's Hopper header says: how many H100 rows are predicted faster than they
+    # ran, and their median error.
     h100 = [predicted(row)[0] / row["published"] - 1 for row in rows
             if row["run"]["gpu"] == "h100-sxm"]
-    assert len(h100) >= 20 and min(h100) > 0
-    assert 0.15 < sorted(h100)[len(h100) // 2] < 0.2
+    assert f"{sum(e > 0 for e in h100)} of the {len(h100)} published H100 runs" in HOPPER_CAVEAT
+    assert f"a median {round(100 * statistics.median(map(abs, h100)))}%" in HOPPER_CAVEAT
 
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
