@@ -221,19 +221,19 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
     elif r.recompute == "selective":
-        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score, moe_fwd)
+        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score, moe_fwd, act)
     return c
 
 
 def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: float,
-                        score_bytes: float, moe_fwd: float) -> float:
+                        score_bytes: float, moe_fwd: float, hidden_bytes: float) -> float:
     """The forward work Megatron-LM's selective recompute runs again in one layer's backward,
     by module: core_attn the attention forward (with its softmax passes when unfused), moe the
     whole MoE block's forward, `moe_fwd` (router, dispatch, experts and combine: megatron-core
     0.16 `moe_layer.py` checkpoints them together), moe_act the experts' activation alone,
     layernorm an MoE layer's pre-MLP norm (one read and one write of the sequence-sharded
-    hidden state; megatron-core 0.16 `transformer_layer.py` skips the norms Transformer Engine
-    fuses into the next GEMM, which are all the others)."""
+    hidden state, `hidden_bytes`; megatron-core 0.16 `transformer_layer.py` skips the norms
+    Transformer Engine fuses into the next GEMM, which are all the others)."""
     modules = r.recompute_modules
     t = 0.0
     if "core_attn" in modules:
@@ -243,8 +243,7 @@ def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: floa
     elif r.num_experts and "moe_act" in modules:
         t += memory_time(expert_activation_bytes(r, tok), gpu)
     if r.num_experts and "layernorm" in modules:
-        sp = r.tp if r.sequence_parallel else 1
-        t += memory_time(2 * tok / sp * r.hidden * 2, gpu)
+        t += memory_time(2 * hidden_bytes, gpu)
     return t
 
 

@@ -39,18 +39,18 @@ head, Qwen3's, --qk-layernorm), position_embedding (learned_absolute, Megatron-L
 --position-embedding-type default; rope: rotary embeddings applied to every query and key,
 charged as element-wise passes; none), rope_fusion (true, Megatron-LM's default: Transformer
 Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torch ops; read only
-with rope), dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama,
-Qwen and Mixtral recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`),
+with rope), dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen
+and Mixtral recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`),
 recompute_modules (Megatron-LM's --recompute-modules, read with recompute "selective"; its
 default ["core_attn"]; the modules modelled are core_attn, moe (the whole MoE block, its
 all-to-alls included), moe_act (each routed token's expert activation, recomputed before its
-second GEMM's backward) and layernorm (with Transformer
-Engine's spec the attention norm and a dense MLP's norm are fused into the next GEMM, so only an
-MoE layer's pre-MLP norm is recomputed); see `layercost` and `stepmemory`), and moe_dispatcher
-(alltoall: megatron-core's all-to-all dispatcher over NCCL, one copy of a token per routed
-expert; flex: its flex dispatcher with DeepEP's or HybridEP's kernels, one copy per GPU and
-across nodes one per node, `moecost.flex_dispatch_time`, modelled with etp 1; megatron-core's
-allgather dispatcher is not modelled).
+second GEMM's backward) and layernorm (with Transformer Engine's spec the attention norm and a
+dense MLP's norm are fused into the next GEMM, so only an MoE layer's pre-MLP norm is
+recomputed); see `layercost` and `stepmemory`), and moe_dispatcher (alltoall: megatron-core's
+all-to-all dispatcher over NCCL, one copy of a token per routed expert; flex: its flex
+dispatcher with DeepEP's or HybridEP's kernels, one copy per GPU and across nodes one per node,
+`moecost.flex_dispatch_time`, modelled with etp 1; megatron-core's allgather dispatcher is not
+modelled).
 """
 
 from __future__ import annotations

@@ -122,32 +122,36 @@ def layer_activation_bytes(r: Run) -> tuple[float, float, float]:
     return tok * (attn + scores + mlp), tok * scores, tok * 2 * h / sp
 
 
-def selective_freed_bytes(r: Run) -> float:
+def selective_freed_bytes(r: Run, layer: tuple[float, float, float]) -> float:
     """Bytes of one layer, one micro-batch, one GPU that selective recompute does not keep, by
-    module (`Run.recompute_modules`): core_attn the score matrices (fused attention keeps none);
-    moe all the MoE block keeps but its BF16 input (megatron-core 0.16 `moe_layer.py`
-    checkpoints the block); moe_act the experts' second GEMM input, which megatron-core 0.16
-    discards after that GEMM's forward and recomputes (`experts.py`, CheckpointWithoutOutput;
-    with FP8 the GEMM keeps the original BF16 input, discarded the same way); layernorm an MoE
-    layer's pre-MLP norm output, the router's saved input or, with moe, the block's (the
-    attention and dense MLP norms are fused into the next GEMM)."""
-    tok = r.micro_batch * r.seq_length / r.cp
+    module (`Run.recompute_modules`), of the layer's `layer_activation_bytes` (all kept, the
+    score matrices, the layer input): core_attn the score matrices (fused attention keeps none);
+    moe all the MoE block keeps but its BF16 input, hidden-sized like the layer's (megatron-core
+    0.16 `moe_layer.py` checkpoints the block); moe_act the experts' second GEMM input, which
+    megatron-core 0.16 discards after that GEMM's forward and recomputes (`experts.py`,
+    CheckpointWithoutOutput; with FP8 the GEMM keeps the original BF16 input, discarded the same
+    way); layernorm an MoE layer's pre-MLP norm output, the router's saved input or, with moe,
+    the block's (the attention and dense MLP norms are fused into the next GEMM)."""
+    _, scores, block_input = layer
     modules = r.recompute_modules
-    block_input = 2 * r.hidden / (r.tp if r.sequence_parallel else 1)
-    freed = layer_activation_bytes(r)[1] if "core_attn" in modules else 0.0
-    if r.num_experts and "moe" in modules:
-        freed += tok * (mlp_block_bytes(r) - block_input)
-    elif r.num_experts and "moe_act" in modules:
+    freed = scores if "core_attn" in modules else 0.0
+    if not r.num_experts:
+        return freed
+    tok = r.micro_batch * r.seq_length / r.cp
+    if "moe" in modules:
+        freed += tok * mlp_block_bytes(r) - block_input
+    elif "moe_act" in modules:
         freed += tok * r.moe_topk / r.tp * r.etp * saved_input_bytes(r) * r.expert_ffn / r.etp
-    if r.num_experts and "layernorm" in modules:
-        freed += tok * block_input
+    if "layernorm" in modules:
+        freed += block_input
     return freed
 
 
 def activation_bytes(r: Run, stage: int) -> float:
     per_stage = r.stage_layers[stage]
-    full, _, inp = layer_activation_bytes(r)
-    kept = full - selective_freed_bytes(r) if r.recompute == "selective" else full
+    layer = layer_activation_bytes(r)
+    full, _, inp = layer
+    kept = full - selective_freed_bytes(r, layer) if r.recompute == "selective" else full
     recomputed = r.recomputed_layers(stage)
     inflight = min(r.num_micro_batches, r.pp - stage)
     if r.vpp > 1:
