@@ -362,10 +362,69 @@ def megatron_recipe_rows() -> list[dict]:
             for run, tflops in ((QWEN3_30B_RECIPE_RUN, 234.1), (QWEN3_235B_RECIPE_RUN, 214.3))]
 
 
+MLPERF = ("MLCommons MLPerf Training, GPT-3 175B on H100, rounds 3.1 (2023-11), 4.0 (2024-06) and "
+          "4.1 (2024-11): mlcommons/training_results_v3.1 (commit d06288b2bd), _v4.0 "
+          "(6fe954378e) and _v4.1 (b87b9e396f), every H100 system's "
+          "results/<system>/gpt3/result_*.txt with the configs of its benchmarks/gpt3 folder; "
+          "tokens/s/GPU from the step time: each timed block's MLLOG duration over its steps, "
+          "the median of all blocks of all runs (bench/mlperf_steps.py)")
+# NVIDIA's NeMo implementation as every one of these submitters ran it (NeMo 23.09 in 3.1,
+# 24.04 in 4.0, 24.09 in 4.1; conf/custom.yaml and config_common.sh of each folder): the
+# MLPerf GPT-3 175B (96 layers, hidden 12288, 96 heads, GeLU MLP 4h, learned positions, tied
+# embeddings, sequence 2048, no dropout), its SentencePiece vocabulary of 50257 padded as
+# Megatron pads (a multiple of 128 x TP: 50688 at TP4), TP4 with sequence parallelism and TE's
+# userbuffer TP overlap, FP8 with delayed scaling (hybrid), no recompute, distributed Adam
+# with overlapped BF16 gradient reduction and parameter gathers, pipeline sends overlapped.
+# Virtual stages: INTERLEAVED_PIPELINE of the system's config, else custom.yaml's default 12;
+# FP8 parameters (FP8_PARAMS) from 4.0 on. The log's gradient_accumulation_steps checks each
+# micro-batch size. Round 4.1's n1452 is round 4.0's run resubmitted (same folder, same
+# blocks): counted once. Round 3.0's logs time the whole run as one block: no step time.
+# Network: 400 Gb/s per GPU on every system (DGX H100 with 8 NDR NICs; Azure ND H100 v5 and
+# OCI BM.GPU.H100.8 are built the same; Supermicro's log leaves its network blank).
+MLPERF_GPT3 = {"gpu": "h100-sxm", "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 4,
+               "vocab": 50688, "seq_length": 2048, **GPT3, "dropout": 0.0, "precision": "fp8",
+               "distributed_optimizer": True, "tp_comm_overlap": True,
+               "grad_reduce_in_fp32": False}
+MLPERF_RUNS = [
+    # round, submitter/system, GPUs, global batch, pp, vp, micro-batch, FP8 params, step s
+    ("3.1", "NVIDIA/eos_n64_ngc23.09_nemo", 512, 2048, 8, 12, 1, False, 11.0713),
+    ("3.1", "NVIDIA/eos_n96_ngc23.09_nemo", 768, 3072, 8, 12, 1, False, 11.0917),
+    ("3.1", "NVIDIA/eos-dfw_n512_ngc23.09_nemo", 4096, 2048, 8, 12, 1, False, 1.6285),
+    ("3.1", "NVIDIA/eos-dfw_n768_ngc23.09_nemo", 6144, 3072, 8, 12, 1, False, 1.6354),
+    ("3.1", "NVIDIA/eos-dfw_n1024_ngc23.09_nemo", 8192, 4096, 8, 12, 1, False, 1.6405),
+    ("3.1", "NVIDIA/eos-dfw_n1280_ngc23.09_nemo", 10240, 2560, 8, 12, 1, False, 0.9467),
+    ("3.1", "NVIDIA/eos-dfw_n1344_ngc23.09_nemo", 10752, 2688, 8, 12, 1, False, 0.9521),
+    ("3.1", "Azure+NVIDIA/ND_H100_v5_n1344_pytorch", 10752, 2688, 8, 12, 1, False, 0.9796),
+    ("4.0", "NVIDIA/eos_n64_ngc24.04_nemo", 512, 2304, 8, 4, 2, True, 10.9800),
+    ("4.0", "NVIDIA/eos-dfw_n1344_ngc24.04_nemo", 10752, 2688, 6, 8, 1, True, 0.9207),
+    ("4.0", "NVIDIA/eos-dfw_n1452_ngc24.04_nemo", 11616, 2904, 6, 8, 1, True, 0.9217),
+    ("4.0", "smc/64xSMC-H100-SXM-80GB", 512, 2048, 8, 12, 2, True, 10.7626),
+    ("4.1", "NVIDIA/eos_n32_ngc24.09_nemo", 256, 2048, 8, 6, 2, True, 18.4103),
+    ("4.1", "NVIDIA/eos_n64_ngc24.09_nemo", 512, 2048, 8, 6, 2, True, 9.5418),
+    ("4.1", "Oracle/1536xBM.GPU.H100.8", 1536, 3072, 8, 4, 2, True, 5.2343),
+    ("4.1", "Oracle/3072xBM.GPU.H100.8", 3072, 3072, 8, 4, 2, True, 3.3319),
+]
+
+# One release at one layout across scales: `published_runs.per_micro_batch_fit`'s rows.
+MLPERF_FIT_PREFIX = "mlperf31-nvidia-"
+
+
+def mlperf_rows() -> list[dict]:
+    """Compared in tokens per second per GPU, as the other H100 rows, from the step time."""
+    seq = MLPERF_GPT3["seq_length"]
+    return [{"source": MLPERF, "published": batch * seq / step / gpus, "metric": "tokens/s/GPU",
+             "system": f"MLPerf {rnd} {system}",
+             "run": {**MLPERF_GPT3, "id": f"mlperf{rnd.replace('.', '')}-"
+                     f"{system.split('/')[0].split('+')[0].lower()}-{gpus}",
+                     "num_gpus": gpus, "pp": pp, "vpp": vp, "micro_batch": mbs,
+                     "global_batch": batch, "fp8_params": fp8_params}}
+            for rnd, system, gpus, batch, pp, vp, mbs, fp8_params, step in MLPERF_RUNS]
+
+
 def published_rows() -> list[dict]:
     return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
-            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows())
-
+            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
+            + mlperf_rows())
 
 
 # Outside the table (its layout is not published): the same README's strong scaling of the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import statistics
 import sys
@@ -238,6 +239,9 @@ def test_published_rows_cite_and_validate() -> None:
             if row["run"]["gpu"] == "h100-sxm"]
     assert f"{sum(e > 0 for e in h100)} of the {len(h100)} published H100 runs" in HOPPER_CAVEAT
     assert f"a median {round(100 * statistics.median(map(abs, h100)))}%" in HOPPER_CAVEAT
+    tuned = [predicted(row)[0] / row["published"] - 1 for row in rows
+             if row["run"]["id"].startswith("mlperf41-nvidia-")]
+    assert f"within {math.ceil(100 * max(map(abs, tuned)))}% of it" in HOPPER_CAVEAT
 
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
@@ -276,6 +280,9 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     # The planner's Hopper header quotes the ranking check: it must say what the bench prints.
     ranked = re.search(r"pairs of layouts ordered as published: (\d+ of \d+)", out)
     assert ranked and f"orders {ranked.group(1)} pairs" in HOPPER_CAVEAT
+    # ... and the fixed cost a step that MLPerf's rows show the model lacks.
+    fixed = re.search(r"intercept ([+-]\d+) ms\)", out)
+    assert fixed and f"~{round(-int(fixed.group(1)), -1)} ms a step" in HOPPER_CAVEAT
 
 
 def _own_config(tmp_path: Path, extra: str) -> str:

@@ -1,0 +1,54 @@
+"""bench/mlperf_steps.py: step times from MLPerf Training's MLLOG lines, as the MLPerf table
+rows of bench/published_rows.py take them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+
+from mlperf_steps import block_step_times, system_step_times  # noqa: E402
+
+
+def _line(key: str, value: object = None, time_ms: int = 0, **meta: object) -> str:
+    event = {"namespace": "", "time_ms": time_ms, "event_type": "POINT_IN_TIME", "key": key,
+             "value": value, "metadata": {"file": "x.py", "lineno": 1, **meta}}
+    return ":::MLLOG " + json.dumps(event)
+
+
+def _log(blocks: list[tuple[int, int, int]], batch: int = 4, seq: int = 8) -> str:
+    """A result file: the batch, then (start ms, stop ms, tokens) blocks with an evaluation
+    between them that no block contains."""
+    lines = [":::SYSJSON {}", "some trainer output", _line("global_batch_size", batch),
+             _line("max_sequence_length", seq)]
+    for start, stop, tokens in blocks:
+        lines += [_line("block_start", time_ms=start, first_epoch_num=start, epoch_count=tokens),
+                  _line("block_stop", time_ms=stop, first_epoch_num=start,
+                        epoch_count=tokens),
+                  _line("eval_start", time_ms=stop + 1), _line("eval_stop", time_ms=stop + 500)]
+    return "\n".join(lines)
+
+
+def test_a_blocks_step_time_is_its_duration_over_its_steps() -> None:
+    # 4 x 8 = 32 tokens a step: 320 tokens are 10 steps; 20 s over 10 steps is 2 s a step.
+    steps, batch = block_step_times(_log([(1000, 21000, 320), (30000, 52000, 320)]))
+    assert batch == 4
+    assert steps == pytest.approx([2.0, 2.2])
+
+
+def test_a_block_spanning_the_whole_run_gives_no_step_time() -> None:
+    # One step's worth of tokens (round 3.0's single block holds the run, evaluations too).
+    assert block_step_times(_log([(0, 5000, 32)]))[0] == []
+
+
+def test_systems_take_the_median_of_all_blocks_of_all_runs(tmp_path: Path) -> None:
+    system = tmp_path / "Vendor" / "results" / "box_n8" / "gpt3"
+    system.mkdir(parents=True)
+    (system / "result_0.txt").write_text(_log([(0, 10000, 320), (20000, 30000, 320)]))
+    (system / "result_1.txt").write_text(_log([(0, 40000, 320)]))
+    (tmp_path / "Vendor" / "results" / "box_n8" / "bert").mkdir()
+    assert system_step_times(tmp_path) == {"Vendor/box_n8": (pytest.approx(1.0), 4, 3)}
