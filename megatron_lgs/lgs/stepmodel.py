@@ -31,9 +31,11 @@ The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - ma
 (c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
 bubble being the second term. The data-parallel gradient sync is the LGS replay (`timeline`)
 on those stage times, with Megatron's default buckets unless thresholds are given. After it:
-the distributed optimizer's parameter all-gather (ZeRO 1/2; overlapped with the next forward
-when `overlap_param_gather`), or ZeRO 3's per-micro-batch gathers, and the optimizer step as a
-memory-bound pass over this GPU's shard, and the gradient bookkeeping around the GEMMs (the
+with tied embeddings and a pipeline, the all-reduce of the embedding's gradient between the
+first and the last stage (`tied_embedding_sync`); the distributed optimizer's parameter
+all-gather (ZeRO 1/2; overlapped with the next forward when `overlap_param_gather`), or ZeRO
+3's per-micro-batch gathers, and the optimizer step as a memory-bound pass over this GPU's
+shard, and the gradient bookkeeping around the GEMMs (the
 per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and scaling or
 flattening of the gradient buffer), both counted in `gradbuffer`. Every NCCL collective that
 runs beside compute (the replay's reductions, the overlapped gathers, ZeRO's per-micro-batch
@@ -47,7 +49,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_lgs.lgs.baselines import megatron_default_bucket_bytes
-from megatron_lgs.lgs.costmodel import HardwareProfile, all_gather_time
+from megatron_lgs.lgs.costmodel import (
+    HardwareProfile,
+    Link,
+    all_gather_time,
+    ring_allreduce_time,
+)
 from megatron_lgs.lgs.flops import model_flops_per_step
 from megatron_lgs.lgs.gpus import (
     NCCL_COMM_SMS,
@@ -107,8 +114,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     stage_layers = r.stage_layers
     one = 0.0
     if r.pp > 1:
-        ranks_per_stage = r.tp * r.cp * r.dp
-        link = hw.intra if ranks_per_stage * r.pp <= r.gpus_per_node else hw.inter
+        link = pipeline_link(r, hw)
         full = r.micro_batch * r.seq_length / r.cp * r.hidden * 2
         # With sequence parallelism the activation is already the s / tp shard; Megatron-LM
         # of 2021 (`p2p_scatter_gather`) sent a 1 / tp slice and all-gathered it over the TP
@@ -187,6 +193,22 @@ def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: flo
     for n in chunks[1:]:
         exposed += max(0.0, gather_s * n / total - r.pp * step)
     return exposed
+
+
+def pipeline_link(r: Run, hw: HardwareProfile) -> Link:
+    """The link between pipeline stages: megatron-core puts PP outermost, stages tp x cp x dp
+    ranks apart, so they share NVLink only when the whole job fits in one node."""
+    return hw.intra if r.tp * r.cp * r.dp * r.pp <= r.gpus_per_node else hw.inter
+
+
+def tied_embedding_sync(r: Run, hw: HardwareProfile) -> float:
+    """The all-reduce of a tied word embedding's gradient between the first and the last
+    pipeline stage, which hold one copy each: megatron-core 0.16's `finalize_model_grads`
+    (`_allreduce_word_embedding_grads`) runs it after the data-parallel sync has finished and
+    before the optimizer, on the whole vocab x hidden / tp main-grad slice."""
+    if r.pp == 1 or r.untie_embeddings:
+        return 0.0
+    return ring_allreduce_time(r.vocab * r.hidden / r.tp * grad_bytes(r), 2, pipeline_link(r, hw))
 
 
 def stage_params(r: Run) -> list[tuple[float, float]]:
@@ -284,6 +306,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
                   compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
                   vpp=r.vpp if megatron_ddp or lgs else 1)
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
+    breakdown["embedding_grad_sync"] = tied_embedding_sync(r, hw)
     after = 0.0
     for k, n in enumerate(numel):
         shard = n[DENSE] / (r.dp * r.cp) + n[EXPERT] / w.layout.expert_dp
@@ -300,6 +323,6 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     breakdown["optimizer"] = tail[0]
     breakdown["grad_buffer"] += tail[1]
     breakdown["param_all_gather"] += tail[2]
-    step = sync.step_time_s + after
+    step = sync.step_time_s + breakdown["embedding_grad_sync"] + after
     mem = estimate_memory(r, stage_params(r))
     return StepEstimate(r, step, model_flops_per_step(r), breakdown, mem, sync)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from megatron_lgs.lgs import stepmodel
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
@@ -106,3 +107,24 @@ def test_step_passes_and_optimizer_bytes_by_hand() -> None:
     per_mb = stage_costs(r, H100, link_profile(H100))[0].bwd["grad_buffer"]
     assert est.breakdown["grad_buffer"] == pytest.approx(4 * per_mb + 16 * dense / hbm)
     assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+
+
+def test_tied_embedding_gradient_all_reduce_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tied embeddings under a pipeline: after the data-parallel sync, the first and the last
+    stage all-reduce the whole vocab x hidden / tp gradient slice, over the network when the
+    job spans nodes; before the optimizer, so the step grows by exactly that."""
+    tied = run(pp=2, tp=4, num_gpus=16, untie_embeddings=False, grad_reduce_in_fp32=True)
+    hw = link_profile(H100)
+    n = 32768 * 4096 / 4 * 4  # FP32 main grads
+    by_hand = 2 * hw.inter.alpha_s + n / hw.inter.bandwidth_Bps  # two ranks: each sends n / 2
+    est = predict_run(tied)
+    assert est.breakdown["embedding_grad_sync"] == pytest.approx(by_hand)
+    monkeypatch.setattr(stepmodel, "tied_embedding_sync", lambda r, hw: 0.0)
+    assert est.step_time_s - predict_run(tied).step_time_s == pytest.approx(by_hand)
+    monkeypatch.undo()
+    # One node: NVLink. Untied, or no pipeline: nothing to all-reduce.
+    one_node = run(pp=2, tp=4, num_gpus=8, untie_embeddings=False, grad_reduce_in_fp32=True)
+    assert predict_run(one_node).breakdown["embedding_grad_sync"] == pytest.approx(
+        2 * hw.intra.alpha_s + n / hw.intra.bandwidth_Bps)
+    for other in (replace(tied, untie_embeddings=True), run(untie_embeddings=False)):
+        assert predict_run(other).breakdown["embedding_grad_sync"] == 0.0
