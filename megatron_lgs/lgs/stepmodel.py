@@ -29,8 +29,10 @@ puts it on the critical path:
 
 The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - max_k c_k) / v
 (c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
-bubble being the second term. The data-parallel gradient sync is the LGS replay (`timeline`)
-on those stage times, with Megatron's default buckets unless thresholds are given. After it:
+bubble being the second term, plus, interleaved with overlapped sends, the sends its warm-up
+and cool-down wait for (`interleaved_fill_latency`). The data-parallel gradient sync is the
+LGS replay (`timeline`) on those stage times, with Megatron's default buckets unless thresholds
+are given. After it:
 with tied embeddings and a pipeline, the all-reduce of the embedding's gradient between the
 first and the last stage (`tied_embedding_sync`); the distributed optimizer's parameter
 all-gather (ZeRO 1/2; overlapped with the next forward when `overlap_param_gather`), or ZeRO
@@ -109,21 +111,42 @@ class StepEstimate:
         return self.memory.fits
 
 
+def p2p_time(r: Run, hw: HardwareProfile) -> float:
+    """One pipeline send of a micro-batch's activation (or its gradient) to the next stage."""
+    if r.pp == 1:
+        return 0.0
+    link = pipeline_link(r, hw)
+    full = r.micro_batch * r.seq_length / r.cp * r.hidden * 2
+    # With sequence parallelism the activation is already the s / tp shard; Megatron-LM of 2021
+    # (`p2p_scatter_gather`) sent a 1 / tp slice and all-gathered it over the TP group after
+    # receiving (`gather_split_1d_tensor`); megatron-core without SP sends it whole.
+    split = r.sequence_parallel or r.p2p_scatter_gather
+    one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
+    if r.p2p_scatter_gather and not r.sequence_parallel:
+        one += tp_collective_time("all_gather", full, r.tp, tp_link(r, hw))
+    return one
+
+
+def interleaved_fill_latency(r: Run, hw: HardwareProfile) -> float:
+    """What the pipeline sends add to the interleaved schedule's warm-up and cool-down when
+    overlapped (`overlap_p2p_comm`). Megatron-core runs each stage's chunks in a fixed order
+    (`forward_backward_pipelining_with_interleaving`: (pp - rank - 1) x 2 + (vpp - 1) x pp
+    warm-up forwards, chunk by chunk, pp micro-batches each); a micro-batch reaches chunk j of
+    stage 0 only after j trips round all pp stages, one send each, while the stage has only the
+    pp forwards of the chunk before to fill the wait. So every trip adds pp sends to the
+    warm-up, vpp - 1 trips plus the pp - 1 sends of the first fill, and the cool-down mirrors
+    it: 2 x ((vpp - 1) x pp + pp - 1) sends, whatever the micro-batch count. In the steady
+    state a send hides behind a chunk's compute (`stage_costs`). A test replays that order
+    event by event."""
+    if r.pp == 1 or r.vpp == 1 or not r.overlap_p2p_comm:
+        return 0.0
+    return 2 * ((r.vpp - 1) * r.pp + r.pp - 1) * p2p_time(r, hw)
+
+
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     layer = layer_cost(r, gpu, hw)
     stage_layers = r.stage_layers
-    one = 0.0
-    if r.pp > 1:
-        link = pipeline_link(r, hw)
-        full = r.micro_batch * r.seq_length / r.cp * r.hidden * 2
-        # With sequence parallelism the activation is already the s / tp shard; Megatron-LM
-        # of 2021 (`p2p_scatter_gather`) sent a 1 / tp slice and all-gathered it over the TP
-        # group after receiving (`gather_split_1d_tensor`); megatron-core without SP sends it
-        # whole.
-        split = r.sequence_parallel or r.p2p_scatter_gather
-        one = link.alpha_s + (full / r.tp if split else full) / link.bandwidth_Bps
-        if r.p2p_scatter_gather and not r.sequence_parallel:
-            one += tp_collective_time("all_gather", full, r.tp, tp_link(r, hw))
+    one = p2p_time(r, hw)
     out = []
     for k, (dense, expert) in enumerate(stage_params(r)):
         c = Cost()
@@ -269,7 +292,8 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
                 c.bwd["param_all_gather"] = nccl_beside(ag, bwd_s, gpu)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
-    end = r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
+    end = (r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
+           + interleaved_fill_latency(r, hw))
     return costs, end, crit
 
 

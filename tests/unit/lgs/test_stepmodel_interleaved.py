@@ -4,13 +4,22 @@ reductions spread over the cooldown, per-chunk chained parameter gathers in the 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
+from megatron_lgs.lgs import stepmodel
 from megatron_lgs.lgs.costmodel import hierarchical_allreduce
 from megatron_lgs.lgs.gpus import get_gpu, link_profile
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import _gather_exposed, predict_run, sync_workload
+from megatron_lgs.lgs.stepmodel import (
+    _gather_exposed,
+    compute_phase,
+    interleaved_fill_latency,
+    p2p_time,
+    predict_run,
+    sync_workload,
+)
 from megatron_lgs.lgs.timeline import ONE_BUCKET, Thresholds, replay
 from megatron_lgs.lgs.workload import chunk_backward, stage_backward, stage_numel
 
@@ -109,3 +118,80 @@ def test_interleaved_layout_predicts_less_exposed_dp_traffic() -> None:
     exposed = est.breakdown["dp_grad_sync"] + est.breakdown["param_all_gather"]
     assert exposed < one.breakdown["dp_grad_sync"] + one.breakdown["param_all_gather"]
     assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+
+
+def _megatron_order(p: int, v: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """The (kind, chunk, micro-batch) order one stage runs, from megatron-core's own schedule
+    table and warm-up count (`pipeline_parallel/schedules.py`)."""
+    # Imported here: megatron_lgs patches megatron-core on import and must come first.
+    from megatron.core.pipeline_parallel.schedules import (
+        get_pp_rank_microbatches,
+        get_schedule_table,
+    )
+
+    pg = SimpleNamespace(size=lambda: p, rank=lambda: rank)
+    comm = SimpleNamespace(pp_group=pg, virtual_pipeline_model_parallel_size=v)
+    total, _, warm, _ = get_pp_rank_microbatches(m, v, p, p2p_communicator=comm)
+    table = get_schedule_table(m, v, p)
+    fwd = [("F", chunk, mb) for mb, chunk in table]
+    bwd = [("B", v - 1 - chunk, mb) for mb, chunk in table]
+    order = fwd[:warm]
+    for i in range(total - warm):
+        order += [fwd[warm + i], bwd[i]]
+    return order + bwd[total - warm:]
+
+
+def _makespan(p: int, v: int, m: int, f: float, b: float, send: float) -> float:
+    """Every stage runs its order; an op waits for its input, one send away when it comes from
+    another stage (a forward from the stage before, or round from the last stage to the next
+    chunk of stage 0; a backward the mirror of that)."""
+    orders = [_megatron_order(p, v, m, s) for s in range(p)]
+    done: dict[tuple[int, str, int, int], float] = {}
+    pos, clock = [0] * p, [0.0] * p
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, j, mb = orders[s][pos[s]]
+                if kind == "F":
+                    dep = (s - 1, "F", j, mb) if s else ((p - 1, "F", j - 1, mb) if j else None)
+                    lag = send
+                elif s < p - 1:
+                    dep, lag = (s + 1, "B", j, mb), send
+                elif j < v - 1:
+                    dep, lag = (0, "B", j + 1, mb), send
+                else:
+                    dep, lag = (s, "F", j, mb), 0.0
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[s], done[dep] + lag if dep else 0.0)
+                clock[s] = done[(s, kind, j, mb)] = start + (f if kind == "F" else b)
+                pos[s] += 1
+                moved = True
+        assert moved, "the order deadlocks"
+    return max(clock)
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(4, 3, 8), (4, 3, 16), (8, 12, 8), (2, 42, 8)])
+def test_interleaved_fill_latency_is_what_megatrons_order_waits(pp: int, vpp: int,
+                                                                 m: int) -> None:
+    """Replayed event by event in megatron-core's interleaved order, overlapped sends lengthen
+    the step by exactly the model's fill latency, whatever the micro-batch count."""
+    r = run(pp=pp, vpp=vpp, num_layers=pp * vpp * 2, global_batch=m * 256 // (8 * pp))
+    assert r.num_micro_batches == m
+    hw = link_profile(H100)
+    send = p2p_time(r, hw)
+    f, b = 3 * send, 6 * send  # a chunk's compute hides a send in the steady state
+    waited = _makespan(pp, vpp, m, f, b, send) - _makespan(pp, vpp, m, f, b, 0.0)
+    assert interleaved_fill_latency(r, hw) == pytest.approx(waited)
+    assert interleaved_fill_latency(replace(r, overlap_p2p_comm=False), hw) == 0.0
+    assert interleaved_fill_latency(replace(r, vpp=1, num_layers=pp * 2), hw) == 0.0
+
+
+def test_compute_end_carries_the_fill_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = run(pp=4, vpp=2, global_batch=256)
+    hw = link_profile(H100)
+    end = compute_phase(r, hw)[1]
+    monkeypatch.setattr(stepmodel, "interleaved_fill_latency", lambda r, hw: 0.0)
+    assert end - compute_phase(r, hw)[1] == pytest.approx(
+        2 * (1 * 4 + 3) * p2p_time(r, hw))
