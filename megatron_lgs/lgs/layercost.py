@@ -44,7 +44,7 @@ CE_PASSES_FWD, CE_PASSES_BWD = 9.5, 3.5
 # its amax (+2). A norm followed by a GEMM (QKV, FC1) quantizes inside the norm kernel with
 # delayed scaling (no pass); with current scaling the norm writes BF16 and its amax, and one
 # cast pass follows (`normalization.cpp`, `force_unfused_kernel`). Weights are cast once per
-# step, not counted.
+# step, by the first micro-batch (`stepmodel.fp8_weight_cache`).
 FP8_QUANTIZE_BYTES = {"delayed": 4.0, "current": 6.0}
 FP8_NORM_FUSED_BYTES = {"delayed": 0.0, "current": 4.0}
 # Rotary embeddings, passes over each query and key element (BF16), forward and backward:

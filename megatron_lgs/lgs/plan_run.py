@@ -43,11 +43,12 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: 42 of the 44 published H100 runs of bench/published_runs.py "
                  "(2023-2026, BF16 and FP8) were slower than this model predicts, by a median "
-                 "16%, though their GEMM and attention kernels, measured on an H200, run at its "
+                 "14%, though their GEMM and attention kernels, measured on an H200, run at its "
                  "times (bench/measured/h200-2026-12-04); the two it predicts slower are "
                  "long-context runs, attention 65-79% of the step. NVIDIA's tuned MLPerf GPT-3 "
-                 "of 2024-11 ran within 4% of it on 256 and 512 GPUs; runs of 6-16 micro-batches "
-                 "a step pay ~90 ms a step it does not have. Do not take its MFU as a promise, "
+                 "of 2024-11 ran within 3% of it on 256 and 512 GPUs, and that of 2023-11, from "
+                 "512 to 10752 GPUs, paid ~30 ms a step it does not have. Do not take its MFU as "
+                 "a promise, "
                  "and rank layouts by it with care: of one MoE model's published H100 layouts "
                  "(Qwen3-235B) it orders 4 of 9 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)

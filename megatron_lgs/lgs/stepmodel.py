@@ -30,9 +30,10 @@ puts it on the critical path:
 The pipeline runs M micro-batches: compute ends at M max_k c_k + (sum_k c_k - max_k c_k) / v
 (c_k = forward + backward of stage k per micro-batch; v virtual stages), the 1F1B / interleaved
 bubble being the second term, plus, interleaved with overlapped sends, the sends its warm-up
-and cool-down wait for (`interleaved_fill_latency`). The data-parallel gradient sync is the
-LGS replay (`timeline`) on those stage times, with Megatron's default buckets unless thresholds
-are given. After it:
+and cool-down wait for (`interleaved_fill_latency`), and with FP8 the weight cache the first
+micro-batch makes on its way through every stage (`fp8_weight_cache`). The data-parallel
+gradient sync is the LGS replay (`timeline`) on those stage times, with Megatron's default
+buckets unless thresholds are given. After it:
 with tied embeddings and a pipeline, the all-reduce of the embedding's gradient between the
 first and the last stage (`tied_embedding_sync`); the distributed optimizer's parameter
 all-gather (ZeRO 1/2; overlapped with the next forward when `overlap_param_gather`), or ZeRO
@@ -67,7 +68,13 @@ from megatron_lgs.lgs.gpus import (
 )
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
 from megatron_lgs.lgs.kernels import memory_time, nccl_beside, sm_contention, tp_collective_time
-from megatron_lgs.lgs.layercost import TERMS, Cost, layer_cost, logits_cost
+from megatron_lgs.lgs.layercost import (
+    FP8_QUANTIZE_BYTES,
+    TERMS,
+    Cost,
+    layer_cost,
+    logits_cost,
+)
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
 from megatron_lgs.lgs.timeline import (
@@ -141,6 +148,27 @@ def interleaved_fill_latency(r: Run, hw: HardwareProfile) -> float:
     if r.pp == 1 or r.vpp == 1 or not r.overlap_p2p_comm:
         return 0.0
     return 2 * ((r.vpp - 1) * r.pp + r.pp - 1) * p2p_time(r, hw)
+
+
+def fp8_weight_cache(r: Run, gpu: GpuProfile) -> float:
+    """What Transformer Engine's FP8 weight cache adds to the step. Each model chunk's first
+    forward of a step makes it (megatron-core's `set_is_first_microbatch`; TE keeps it for the
+    later micro-batches): BF16 weights cast and transposed to FP8, FP8_QUANTIZE_BYTES of the
+    recipe per element, FP8 parameters (`fp8_params`) only transposed, 2 B. The first
+    micro-batch meets every chunk of every stage in turn before any other can follow it, so the
+    step grows by the stages' cache times added up (a test replays megatron-core's order). The
+    GEMM weights of the layers only: the embedding and the output layer stay BF16."""
+    if r.precision != "fp8":
+        return 0.0
+    t, h = r.tp, r.hidden
+    attn = h * (r.q_dim + 2 * r.kv_dim) / t + r.q_dim * h / t
+    mats = 3 if r.swiglu else 2
+    if r.num_experts:
+        mlp = r.num_experts // r.ep * mats * h * r.expert_ffn / r.etp
+    else:
+        mlp = mats * h * r.ffn_hidden / t
+    per_element = 2.0 if r.fp8_params else FP8_QUANTIZE_BYTES[r.fp8_recipe]
+    return memory_time(sum(r.stage_layers) * (attn + mlp) * per_element, gpu)
 
 
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
@@ -293,7 +321,7 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = (r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
-           + interleaved_fill_latency(r, hw))
+           + interleaved_fill_latency(r, hw) + fp8_weight_cache(r, gpu))
     return costs, end, crit
 
 

@@ -11,13 +11,16 @@ import pytest
 from megatron_lgs.lgs import stepmodel
 from megatron_lgs.lgs.costmodel import hierarchical_allreduce
 from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.kernels import memory_time
 from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.stepmodel import (
     _gather_exposed,
     compute_phase,
+    fp8_weight_cache,
     interleaved_fill_latency,
     p2p_time,
     predict_run,
+    run_gpu,
     sync_workload,
 )
 from megatron_lgs.lgs.timeline import ONE_BUCKET, Thresholds, replay
@@ -141,10 +144,12 @@ def _megatron_order(p: int, v: int, m: int, rank: int) -> list[tuple[str, int, i
     return order + bwd[total - warm:]
 
 
-def _makespan(p: int, v: int, m: int, f: float, b: float, send: float) -> float:
+def _makespan(p: int, v: int, m: int, f: float, b: float, send: float,
+              first: float = 0.0) -> float:
     """Every stage runs its order; an op waits for its input, one send away when it comes from
     another stage (a forward from the stage before, or round from the last stage to the next
-    chunk of stage 0; a backward the mirror of that)."""
+    chunk of stage 0; a backward the mirror of that). Micro-batch 0's forwards take `first`
+    longer (each chunk's FP8 weight cache)."""
     orders = [_megatron_order(p, v, m, s) for s in range(p)]
     done: dict[tuple[int, str, int, int], float] = {}
     pos, clock = [0] * p, [0.0] * p
@@ -165,7 +170,8 @@ def _makespan(p: int, v: int, m: int, f: float, b: float, send: float) -> float:
                 if dep is not None and dep not in done:
                     break
                 start = max(clock[s], done[dep] + lag if dep else 0.0)
-                clock[s] = done[(s, kind, j, mb)] = start + (f if kind == "F" else b)
+                took = (f + (first if mb == 0 else 0.0)) if kind == "F" else b
+                clock[s] = done[(s, kind, j, mb)] = start + took
                 pos[s] += 1
                 moved = True
         assert moved, "the order deadlocks"
@@ -195,3 +201,24 @@ def test_compute_end_carries_the_fill_latency(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(stepmodel, "interleaved_fill_latency", lambda r, hw: 0.0)
     assert end - compute_phase(r, hw)[1] == pytest.approx(
         2 * (1 * 4 + 3) * p2p_time(r, hw))
+
+
+@pytest.mark.parametrize("pp,vpp,m,fp8_params", [(4, 3, 8, False), (8, 1, 16, True),
+                                                 (8, 12, 8, False)])
+def test_fp8_weight_cache_is_what_the_first_micro_batch_carries(pp: int, vpp: int, m: int,
+                                                                 fp8_params: bool) -> None:
+    """Each chunk's first forward of a step makes its FP8 weight cache: replayed in
+    megatron-core's order, the step grows by the model's term; by hand, the layers' GEMM
+    weights at 4 B an element (cast and transpose, delayed scaling) or 2 B (FP8 parameters,
+    transposed only)."""
+    r = run(pp=pp, vpp=vpp, num_layers=pp * vpp * 2, global_batch=m * 256 // (8 * pp),
+            precision="fp8", fp8_params=fp8_params)
+    gpu = run_gpu(r)
+    cache = fp8_weight_cache(r, gpu)
+    weights = 2 * (4096 * 3 * 4096 + 4096 * 4096 + 2 * 4096 * 4 * 4096) / 8  # 2 layers a chunk
+    chunk = memory_time(weights * (2.0 if fp8_params else 4.0), gpu)
+    assert cache == pytest.approx(pp * vpp * chunk)
+    f, b = 10 * chunk, 20 * chunk
+    assert _makespan(pp, vpp, m, f, b, 0.0, first=chunk) - _makespan(pp, vpp, m, f, b, 0.0) \
+        == pytest.approx(cache)
+    assert fp8_weight_cache(replace(r, precision="bf16"), gpu) == 0.0
