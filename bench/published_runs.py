@@ -7,8 +7,8 @@ Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets a
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
-time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge) where the source gives
-that. Offline, pure Python:
+time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge; MLPerf's step times)
+where the source gives that. Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -113,8 +113,6 @@ def dominant_terms(est: StepEstimate, n: int = 3) -> str:
     return ", ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in parts)
 
 
-
-
 def strong_scaling() -> None:
     print("\n## outside the table: Megatron-LM README strong scaling, 177B, global batch 1152 "
           "(published MFU; layout not published, TP8 PP6 taken from the weak-scaling row)")
@@ -128,8 +126,6 @@ def strong_scaling() -> None:
         print(f"{gpus:>5} GPUs  TP8 PP6 DP{r.dp} V{r.vpp} mbs{r.micro_batch}  published MFU "
               f"{mfu:.0%}  predicted {est.mfu:.1%}  ({est.mfu / mfu - 1:+.1%}; "
               f"{dominant_terms(est)})")
-
-
 
 
 def per_micro_batch_fit(out: list[dict]) -> None:

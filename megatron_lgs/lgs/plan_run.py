@@ -48,9 +48,8 @@ HOPPER_CAVEAT = ("Hopper: 42 of the 44 published H100 runs of bench/published_ru
                  "long-context runs, attention 65-79% of the step. NVIDIA's tuned MLPerf GPT-3 "
                  "of 2024-11 ran within 3% of it on 256 and 512 GPUs, and that of 2023-11, from "
                  "512 to 10752 GPUs, paid ~30 ms a step it does not have. Do not take its MFU as "
-                 "a promise, "
-                 "and rank layouts by it with care: of one MoE model's published H100 layouts "
-                 "(Qwen3-235B) it orders 4 of 9 pairs as measured")
+                 "a promise, and rank layouts by it with care: of one MoE model's published H100 "
+                 "layouts (Qwen3-235B) it orders 4 of 9 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
 # read like the dense rows; narrower ones read further off, and differently by release.
 FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the published runs of "

@@ -33,14 +33,14 @@ bubble being the second term, plus, interleaved with overlapped sends, the sends
 and cool-down wait for (`interleaved_fill_latency`), and with FP8 the weight cache the first
 micro-batch makes on its way through every stage (`fp8_weight_cache`). The data-parallel
 gradient sync is the LGS replay (`timeline`) on those stage times, with Megatron's default
-buckets unless thresholds are given. After it:
-with tied embeddings and a pipeline, the all-reduce of the embedding's gradient between the
-first and the last stage (`tied_embedding_sync`); the distributed optimizer's parameter
-all-gather (ZeRO 1/2; overlapped with the next forward when `overlap_param_gather`), or ZeRO
-3's per-micro-batch gathers, and the optimizer step as a memory-bound pass over this GPU's
-shard, and the gradient bookkeeping around the GEMMs (the
-per-micro-batch accumulation the GEMMs do not fuse, the per-step zeroing and scaling or
-flattening of the gradient buffer), both counted in `gradbuffer`. Every NCCL collective that
+buckets unless thresholds are given. After it: with tied embeddings and a pipeline, the
+all-reduce of the embedding's gradient between the first and the last stage
+(`tied_embedding_sync`); the distributed optimizer's parameter all-gather (ZeRO 1/2;
+overlapped with the next forward when `overlap_param_gather`), or ZeRO 3's per-micro-batch
+gathers, and the optimizer step as a memory-bound pass over this GPU's shard, and the gradient
+bookkeeping around the GEMMs (the per-micro-batch accumulation the GEMMs do not fuse, the
+per-step zeroing and scaling or flattening of the gradient buffer), both counted in
+`gradbuffer`. Every NCCL collective that
 runs beside compute (the replay's reductions, the overlapped gathers, ZeRO's per-micro-batch
 traffic, TE's asynchronous TP collectives, the overlapped all-to-alls) holds
 `gpus.NCCL_COMM_SMS` SMs the compute lacks meanwhile. The GEMMs and attention of a job of N
