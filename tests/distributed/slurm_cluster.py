@@ -225,9 +225,19 @@ AccountingStorageType=accounting_storage/none
         pid_file = self.root / "munged.pid"
         if pid_file.exists():
             try:
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, signal.SIGTERM)
             except (ProcessLookupError, ValueError):
-                pass
+                return
+            # munged writes its seed file on the way out: wait, or it recreates the root the
+            # fixtures remove next.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
 
 
 def python_for_jobs() -> str:
