@@ -160,15 +160,8 @@ def fp8_weight_cache(r: Run, gpu: GpuProfile) -> float:
     GEMM weights of the layers only: the embedding and the output layer stay BF16."""
     if r.precision != "fp8":
         return 0.0
-    t, h = r.tp, r.hidden
-    attn = h * (r.q_dim + 2 * r.kv_dim) / t + r.q_dim * h / t
-    mats = 3 if r.swiglu else 2
-    if r.num_experts:
-        mlp = r.num_experts // r.ep * mats * h * r.expert_ffn / r.etp
-    else:
-        mlp = mats * h * r.ffn_hidden / t
     per_element = 2.0 if r.fp8_params else FP8_QUANTIZE_BYTES[r.fp8_recipe]
-    return memory_time(sum(r.stage_layers) * (attn + mlp) * per_element, gpu)
+    return memory_time(r.num_layers * sum(layer_gemm_weights(r)) * per_element, gpu)
 
 
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
@@ -248,8 +241,8 @@ def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: flo
 
 def pipeline_link(r: Run, hw: HardwareProfile) -> Link:
     """The link between pipeline stages: megatron-core puts PP outermost, stages tp x cp x dp
-    ranks apart, so they share NVLink only when the whole job fits in one node."""
-    return hw.intra if r.tp * r.cp * r.dp * r.pp <= r.gpus_per_node else hw.inter
+    ranks apart, so they share NVLink only when the whole job is one node."""
+    return hw.intra if r.num_gpus <= r.gpus_per_node else hw.inter
 
 
 def tied_embedding_sync(r: Run, hw: HardwareProfile) -> float:
@@ -262,17 +255,26 @@ def tied_embedding_sync(r: Run, hw: HardwareProfile) -> float:
     return ring_allreduce_time(r.vocab * r.hidden / r.tp * grad_bytes(r), 2, pipeline_link(r, hw))
 
 
-def stage_params(r: Run) -> list[tuple[float, float]]:
-    """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
+def layer_gemm_weights(r: Run) -> tuple[int, int]:
+    """(attention, MLP or local experts) GEMM weights of one layer on one GPU."""
     h, t = r.hidden, r.tp
     mats = 3 if r.swiglu else 2
-    attn = h * (r.q_dim + 2 * r.kv_dim) // t + r.q_dim * h // t + 2 * h
+    attn = h * (r.q_dim + 2 * r.kv_dim) // t + r.q_dim * h // t
     if r.num_experts:
-        dense = attn - h + h * r.num_experts  # workload's MoE layer carries one norm
-        expert = r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp
+        return attn, r.num_experts // r.ep * mats * h * r.expert_ffn // r.etp
+    return attn, mats * h * r.ffn_hidden // t
+
+
+def stage_params(r: Run) -> list[tuple[float, float]]:
+    """(dense, expert) parameters one GPU of each pipeline stage holds (as `workload` counts)."""
+    h = r.hidden
+    attn, mlp = layer_gemm_weights(r)
+    if r.num_experts:
+        # workload's MoE layer carries one norm and the router
+        dense, expert = attn + h + h * r.num_experts, mlp
     else:
-        dense, expert = attn + mats * h * r.ffn_hidden // t, 0
-    emb = r.vocab * h // t
+        dense, expert = attn + 2 * h + mlp, 0
+    emb = r.vocab * h // r.tp
     out = []
     for k, per in enumerate(r.stage_layers):
         d = per * dense + (emb if k == 0 else 0)
