@@ -5,9 +5,12 @@
 For each system of each clone of an mlcommons/training_results_vX.Y repository, reads every
 `<submitter>/results/<system>/<benchmark>/result_*.txt` (default benchmark gpt3) and prints the
 median step time over all timed blocks of all its runs: a block's duration (its MLLOG
-`block_start` to `block_stop`, evaluation outside) over the steps it holds (its `epoch_count`,
-which GPT-3 counts in tokens, over the `global_batch_size` x `max_sequence_length` the log
-reports). `bench/published_rows.py`'s MLPerf rows hold the figures this prints. Logs whose one
+`block_start` to `block_stop`, evaluation outside) over the steps it holds. GPT-3's logs
+(rounds 3.1-4.1) give a block's `epoch_count` in tokens, over the `global_batch_size` x
+`max_sequence_length` the log reports; Llama 3.1's (rounds 5.0-5.1) give each event's
+`samples_count`, the samples trained before it: a block holds the samples between its start
+and the first event after its stop that counts more (the evaluation's start), over the global
+batch. `bench/published_rows.py`'s MLPerf rows hold the figures this prints. Logs whose one
 block spans the whole run (GPT-3 of round 3.0) have no step time to give and are skipped.
 """
 
@@ -25,23 +28,36 @@ def block_step_times(log: str) -> tuple[list[float], int | None]:
     """(step time of each timed block, global batch size) of one result file."""
     batch = seq = None
     starts: dict[int, tuple[int, int]] = {}
+    open_block: tuple[int, int] | None = None  # samples_count logs: (start ms, samples)
+    ended: tuple[float, int] | None = None  # a stopped block awaiting its samples: (s, start)
     steps: list[float] = []
     for line in log.splitlines():
         if MLLOG not in line:
             continue
         event = json.loads(line.split(MLLOG, 1)[1])
         key, meta = event["key"], event.get("metadata", {})
+        samples = meta.get("samples_count")
+        if ended and samples is not None and samples > ended[1] and batch:
+            steps_in_block = (samples - ended[1]) / batch
+            if steps_in_block > 1:
+                steps.append(ended[0] / steps_in_block)
+            ended = None
         if key == "global_batch_size":
             batch = event["value"]
         elif key == "max_sequence_length":
             seq = event["value"]
-        elif key == "block_start":
+        elif key == "block_start" and "epoch_count" in meta:
             starts[meta["first_epoch_num"]] = (event["time_ms"], meta["epoch_count"])
+        elif key == "block_start" and samples is not None:
+            open_block = (event["time_ms"], samples)
         elif key == "block_stop" and meta.get("first_epoch_num") in starts and batch and seq:
             start_ms, tokens = starts[meta["first_epoch_num"]]
             steps_in_block = tokens / (batch * seq)
             if steps_in_block > 1:
                 steps.append((event["time_ms"] - start_ms) / 1e3 / steps_in_block)
+        elif key == "block_stop" and open_block and samples == open_block[1]:
+            ended = ((event["time_ms"] - open_block[0]) / 1e3, open_block[1])
+            open_block = None
     return steps, batch
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
     MEGATRON_H100_ROW,
-    MLPERF_FIT_PREFIX,
+    MLPERF_FITS,
     MODELZOO,
     MODELZOO_BASE,
     MODELZOO_RUNS,
@@ -128,15 +128,15 @@ def strong_scaling() -> None:
               f"{dominant_terms(est)})")
 
 
-def per_micro_batch_fit(out: list[dict]) -> None:
-    """One software release at one layout over many scales (MLPerf 3.1's NVIDIA rows, their
-    tokens/s turned back into step times): step time as a line in the micro-batches each
-    pipeline runs per step, published and predicted. The slope is the time of one micro-batch
-    in the pipeline's steady state, the intercept what every step pays once (bubble, exposed
-    gradient and parameter traffic, optimizer)."""
-    rows = [row for row in out if row["run"]["id"].startswith(MLPERF_FIT_PREFIX)]
+def per_micro_batch_fit(out: list[dict], prefix: str, label: str) -> None:
+    """One software release at one layout over many scales (the rows whose ids start with
+    `prefix`, their tokens/s turned back into step times): step time as a line in the
+    micro-batches each pipeline runs per step, published and predicted. The slope is the time
+    of one micro-batch in the pipeline's steady state, the intercept what every step pays once
+    (bubble, exposed gradient and parameter traffic, optimizer)."""
+    rows = [row for row in out if row["run"]["id"].startswith(prefix)]
     runs = [run_from_dict(row["run"]) for row in rows]
-    if len({(run.tp, run.pp, run.vpp, run.micro_batch) for run in runs}) != 1:
+    if len({(run.tp, run.pp, run.cp, run.vpp, run.micro_batch) for run in runs}) != 1:
         raise ValueError("the per-micro-batch fit needs one layout")
     m = [run.num_micro_batches for run in runs]
     published = [run.global_batch * run.seq_length / run.num_gpus / row["published"]
@@ -145,9 +145,10 @@ def per_micro_batch_fit(out: list[dict]) -> None:
     pred = statistics.linear_regression(m, [row["step_time_s"] for row in rows])
     run = runs[0]
     gpus = [row["run"]["num_gpus"] for row in rows]
-    print(f"\n## per micro-batch and per step: {len(rows)} MLPerf 3.1 rows of NVIDIA, one "
-          f"layout (TP{run.tp} PP{run.pp} V{run.vpp} micro-batch {run.micro_batch}, DP "
-          f"growing), {min(m)}-{max(m)} micro-batches a step, {min(gpus)}-{max(gpus)} GPUs: "
+    cp = f" CP{run.cp}" if run.cp > 1 else ""
+    print(f"\n## per micro-batch and per step: {len(rows)} {label}, one layout (TP{run.tp} "
+          f"PP{run.pp}{cp} V{run.vpp} micro-batch {run.micro_batch}, DP growing), "
+          f"{min(m)}-{max(m)} micro-batches a step, {min(gpus)}-{max(gpus)} GPUs: "
           "step = slope x micro-batches + intercept")
     print(f"published  slope {pub.slope * 1e3:.1f} ms, intercept {pub.intercept * 1e3:.0f} ms")
     print(f"predicted  slope {pred.slope * 1e3:.1f} ms, intercept {pred.intercept * 1e3:.0f} ms"
@@ -281,7 +282,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         print(summary(f"  {gpu} rows", [abs(row["relative_error"]) for row in out
                                          if row["run"]["gpu"] == gpu]))
     micro_batch_sensitivity(out)
-    per_micro_batch_fit(out)
+    for prefix, label in MLPERF_FITS.items():
+        per_micro_batch_fit(out, prefix, label)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
     layout_ranking()

@@ -41,13 +41,14 @@ from megatron_lgs.lgs.workload import pipeline_split
 LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
 HOPPER = ("h100-sxm", "h800", "h200")
-HOPPER_CAVEAT = ("Hopper: 42 of the 44 published H100 runs of bench/published_runs.py "
+HOPPER_CAVEAT = ("Hopper: 49 of the 51 published H100 runs of bench/published_runs.py "
                  "(2023-2026, BF16 and FP8) were slower than this model predicts, by a median "
                  "14%, though their GEMM and attention kernels, measured on an H200, run at its "
                  "times (bench/measured/h200-2026-12-04); the two it predicts slower are "
                  "long-context runs, attention 65-79% of the step. NVIDIA's tuned MLPerf GPT-3 "
-                 "of 2024-11 ran within 3% of it on 256 and 512 GPUs, and that of 2023-11, from "
-                 "512 to 10752 GPUs, paid ~30 ms a step it does not have. Do not take its MFU as "
+                 "of 2024-11 ran within 3% of it on 256 and 512 GPUs; that of 2023-11, from "
+                 "512 to 10752 GPUs, paid ~30 ms a step it does not have, and its Llama 3.1 405B "
+                 "of 2025-06, from 512 to 8192 GPUs, ~260 ms a step. Do not take its MFU as "
                  "a promise, and rank layouts by it with care: of one MoE model's published H100 "
                  "layouts (Qwen3-235B) it orders 4 of 9 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)

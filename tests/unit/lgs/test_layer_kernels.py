@@ -21,7 +21,7 @@ from layer_kernels import (  # noqa: E402
     measure,
     summarize,
 )
-from published_rows import mlperf_rows  # noqa: E402
+from published_rows import mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402
@@ -107,10 +107,10 @@ def test_measured_kernels_scale_the_models_step() -> None:
 def test_the_recorded_h200_measurement_summarizes() -> None:
     """The file the README's kernel figures come from holds every Hopper row the table had on
     2026-12-04, each measured; the rows added since (Megatron-LM's MoE recipes of 2026, the
-    ModelZoo's long-context runs, MLPerf's GPT-3 runs) await a GPU run."""
+    ModelZoo's long-context runs, MLPerf's GPT-3 and Llama 3.1 runs) await a GPU run."""
     path = Path(__file__).resolve().parents[3] / "bench/measured/h200-2026-12-04/layer_kernels.json"
     measured = [g["row"] for g in summarize(path)]
     later = ["recipe-qwen3-30b-a3b-bf16", "recipe-qwen3-235b-a22b-bf16",
              *(f"modelzoo-qwen3-235b-{k}k" for k in (16, 32, 64, 128)),
-             *(row["run"]["id"] for row in mlperf_rows())]
+             *(row["run"]["id"] for row in mlperf_rows() + mlperf_llama_rows())]
     assert measured + later == hopper_rows()

@@ -52,3 +52,27 @@ def test_systems_take_the_median_of_all_blocks_of_all_runs(tmp_path: Path) -> No
     (system / "result_1.txt").write_text(_log([(0, 40000, 320)]))
     (tmp_path / "Vendor" / "results" / "box_n8" / "bert").mkdir()
     assert system_step_times(tmp_path) == {"Vendor/box_n8": (pytest.approx(1.0), 4, 3)}
+
+
+def _samples_log(blocks: list[tuple[int, int, int]], batch: int = 4) -> str:
+    """A result file of the Llama 3.1 rounds: every event counts the samples trained before
+    it; a block's start and stop carry its first sample, the evaluation after it the next."""
+    lines = [_line("global_batch_size", batch), _line("max_sequence_length", 8)]
+    trained = 0
+    for start, stop, samples in blocks:
+        lines += [_line("block_start", time_ms=start, samples_count=trained),
+                  _line("block_stop", time_ms=stop, samples_count=trained)]
+        trained += samples
+        lines += [_line("eval_start", time_ms=stop + 1, samples_count=trained),
+                  _line("eval_stop", time_ms=stop + 500, samples_count=trained)]
+    return "\n".join(lines)
+
+
+def test_samples_count_logs_time_a_block_over_the_samples_it_trained() -> None:
+    # 40 samples at a batch of 4 are 10 steps: 20 s over 10 steps is 2 s a step; the second
+    # block holds 20 steps (80 samples) in 30 s. A log cut after a block's stop, before the
+    # evaluation that would count its samples, gives that block no step time.
+    log = _samples_log([(1000, 21000, 40), (30000, 60000, 80)])
+    assert block_step_times(log) == (pytest.approx([2.0, 1.5]), 4)
+    cut = log.rsplit("\n", 2)[0]
+    assert block_step_times(cut)[0] == pytest.approx([2.0])
