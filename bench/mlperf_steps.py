@@ -7,11 +7,12 @@ For each system of each clone of an mlcommons/training_results_vX.Y repository, 
 median step time over all timed blocks of all its runs: a block's duration (its MLLOG
 `block_start` to `block_stop`, evaluation outside) over the steps it holds. GPT-3's logs
 (rounds 3.1-4.1) give a block's `epoch_count` in tokens, over the `global_batch_size` x
-`max_sequence_length` the log reports; Llama 3.1's (rounds 5.0-5.1) give each event's
-`samples_count`, the samples trained before it: a block holds the samples between its start
-and the first event after its stop that counts more (the evaluation's start), over the global
-batch. `bench/published_rows.py`'s MLPerf rows hold the figures this prints. Logs whose one
-block spans the whole run (GPT-3 of round 3.0) have no step time to give and are skipped.
+`max_sequence_length` the log reports; Llama 3.1's (rounds 5.0-5.1) count samples instead, each
+evaluation's `samples_count` being the samples trained before it (the block events' own count
+means different things in different submitters' logs), so a block holds the samples between the
+evaluation before it (or the run's start) and the one after it, over the global batch.
+`bench/published_rows.py`'s MLPerf rows hold the figures this prints. Logs whose one block spans
+the whole run (GPT-3 of round 3.0) have no step time to give and are skipped.
 """
 
 from __future__ import annotations
@@ -28,36 +29,35 @@ def block_step_times(log: str) -> tuple[list[float], int | None]:
     """(step time of each timed block, global batch size) of one result file."""
     batch = seq = None
     starts: dict[int, tuple[int, int]] = {}
-    open_block: tuple[int, int] | None = None  # samples_count logs: (start ms, samples)
-    ended: tuple[float, int] | None = None  # a stopped block awaiting its samples: (s, start)
+    block_ms: int | None = None  # samples-count logs: the open block's start
+    ended: float | None = None  # its duration, s, until the evaluation after it counts it
+    evaluated = 0  # samples trained before the last evaluation
     steps: list[float] = []
     for line in log.splitlines():
         if MLLOG not in line:
             continue
         event = json.loads(line.split(MLLOG, 1)[1])
         key, meta = event["key"], event.get("metadata", {})
-        samples = meta.get("samples_count")
-        if ended and samples is not None and samples > ended[1] and batch:
-            steps_in_block = (samples - ended[1]) / batch
-            if steps_in_block > 1:
-                steps.append(ended[0] / steps_in_block)
-            ended = None
         if key == "global_batch_size":
             batch = event["value"]
         elif key == "max_sequence_length":
             seq = event["value"]
         elif key == "block_start" and "epoch_count" in meta:
             starts[meta["first_epoch_num"]] = (event["time_ms"], meta["epoch_count"])
-        elif key == "block_start" and samples is not None:
-            open_block = (event["time_ms"], samples)
+        elif key == "block_start" and "samples_count" in meta:
+            block_ms = event["time_ms"]
         elif key == "block_stop" and meta.get("first_epoch_num") in starts and batch and seq:
             start_ms, tokens = starts[meta["first_epoch_num"]]
             steps_in_block = tokens / (batch * seq)
             if steps_in_block > 1:
                 steps.append((event["time_ms"] - start_ms) / 1e3 / steps_in_block)
-        elif key == "block_stop" and open_block and samples == open_block[1]:
-            ended = ((event["time_ms"] - open_block[0]) / 1e3, open_block[1])
-            open_block = None
+        elif key == "block_stop" and block_ms is not None:
+            ended, block_ms = (event["time_ms"] - block_ms) / 1e3, None
+        elif key == "eval_start" and "samples_count" in meta:
+            trained = meta["samples_count"] - evaluated
+            if ended is not None and batch and trained / batch > 1:
+                steps.append(ended / (trained / batch))
+            ended, evaluated = None, meta["samples_count"]
     return steps, batch
 
 

@@ -419,26 +419,30 @@ def mlperf_rows() -> list[dict]:
             for rnd, system, gpus, batch, pp, vp, mbs, fp8_params, step in MLPERF_RUNS]
 
 
-MLPERF_LLAMA = ("MLCommons MLPerf Training, Llama 3.1 pretraining on H100: 405B in round 5.0 "
-                "(2025-06), mlcommons/training_results_v5.0 (commit 0fdc28f013), and 8B in round "
-                "5.1 (2025-11), _v5.1 (441d65f444), every H100 system's "
+MLPERF_LLAMA = ("MLCommons MLPerf Training, Llama 3.1 pretraining on H100 and H200: 405B in "
+                "round 5.0 (2025-06), mlcommons/training_results_v5.0 (commit 0fdc28f013), and "
+                "8B in round 5.1 (2025-11), _v5.1 (441d65f444), every H100 and H200 system's "
                 "results/<system>/llama31_*/result_*.txt with the configs of its benchmarks "
                 "folder; tokens/s/GPU from the step time: each timed block's MLLOG duration over "
                 "the samples it trained, the median of all blocks of all runs "
                 "(bench/mlperf_steps.py)")
-# NVIDIA's NeMo implementation (NeMo 25.01 for the 405B, NeMo of 25.09's container in Cisco's
-# 8B; pretrain.py, conf/custom.yaml and config_common.sh of each folder): NeMo's Llama 3.1 8B
-# and 405B (Llama31Config8B / Llama31Config405B: SwiGLU, 8 KV heads, RoPE, untied embeddings, no
-# dropout), vocabulary 128256, sequence 8192; TP with sequence parallelism and TE's userbuffer
-# TP overlap, FP8 with delayed scaling, FP8 weights (FP8_PARAMS), no recompute, distributed
-# optimizer with overlapped BF16 gradient reduction (pretrain.py: grad_reduce_in_fp32 False)
-# and parameter gathers, pipeline sends overlapped. The 405B: TP8 PP8 CP2, 8 virtual stages,
-# the embedding and the loss counted as pipeline layers (ASYM_PP_EMBED, ASYM_PP_LOSS),
-# micro-batch 1, MINIBS micro-batches a step (the log's gradient_accumulation_steps). The 8B:
-# one micro-batch a step (global batch 64). Network: 400 Gb/s per GPU (DGX H100's 8 NDR NICs;
-# Cisco's 8 ConnectX-7 400 Gb/s Ethernet, its system description).
-MLPERF_LLAMA31 = {"gpu": "h100-sxm", "vocab": 128256, "seq_length": 8192, "kv_heads": 8,
-                  **LLAMA, "precision": "fp8", "fp8_recipe": "delayed", "fp8_params": True,
+# NVIDIA's NeMo implementation as each submitter ran it (NeMo 25.01 for the 405B; the 25.08-25.09
+# containers for the 8B; pretrain.py, conf/custom.yaml, config_common*.sh and the system's
+# config_*.sh of each folder): NeMo's Llama 3.1 8B and 405B (Llama31Config8B / 405B: SwiGLU, 8
+# KV heads, RoPE, untied embeddings, no dropout), vocabulary 128256, sequence 8192, micro-batch
+# 1, the log's gradient_accumulation_steps micro-batches a step; TP with sequence parallelism
+# and TE's userbuffer TP overlap, FP8 (delayed scaling unless the config sets FP8_RECIPE
+# tensorwise, TE's current scaling), FP8 weights, no recompute, distributed optimizer with
+# overlapped BF16 gradient reduction (pretrain.py: grad_reduce_in_fp32 False) and parameter
+# gathers, pipeline sends overlapped. The 405B: PP8 CP2, 8 virtual stages, the embedding and the
+# loss counted as pipeline layers (ASYM_PP_EMBED, ASYM_PP_LOSS). Network: 400 Gb/s per GPU (DGX
+# H100's and Nebius's 8 NDR NICs; Cisco's 8 ConnectX-7 400 Gb/s Ethernet; HPE's description
+# gives no speed). Not in the model: HPE's 8B runs attention in FP8 (FP8_DPA) under full-step
+# CUDA graphs (config_common_fp8attn.sh, config_common_cg.sh); the model runs it in BF16.
+# Round 5.1's Nebius H200 405B systems are round 5.0's runs resubmitted (the same blocks):
+# counted once.
+MLPERF_LLAMA31 = {"vocab": 128256, "seq_length": 8192, "kv_heads": 8, **LLAMA,
+                  "precision": "fp8", "fp8_recipe": "delayed", "fp8_params": True,
                   "distributed_optimizer": True, "tp_comm_overlap": True,
                   "grad_reduce_in_fp32": False, "micro_batch": 1}
 MLPERF_LLAMA_MODELS = {
@@ -448,14 +452,24 @@ MLPERF_LLAMA_MODELS = {
     "8b": {"num_layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "pp": 1},
 }
 MLPERF_LLAMA_RUNS = [
-    # round, submitter/system, model, GPUs, global batch, tp, step s
-    ("5.0", "NVIDIA/eos-dfw_n64_ngc25.01_nemo", "405b", 512, 1152, 8, 55.2049),
-    ("5.0", "NVIDIA/eos-dfw_n256_ngc25.01_nemo", "405b", 2048, 1152, 8, 14.2529),
-    ("5.0", "NVIDIA/eos-dfw_n304_ngc25.01_nemo", "405b", 2432, 1216, 8, 12.8573),
-    ("5.0", "NVIDIA/eos-dfw_n320_ngc25.01_nemo", "405b", 2560, 1120, 8, 11.2590),
-    ("5.0", "NVIDIA/eos-dfw_n1024_ngc25.01_nemo", "405b", 8192, 1536, 8, 5.2568),
-    ("5.1", "Cisco/hpf_n8", "8b", 64, 64, 1, 0.7418),
-    ("5.1", "Cisco/hpf_n16", "8b", 128, 64, 2, 0.5271),
+    # round, submitter/system, model, GPU, GPUs, global batch, layout over the model's, step s
+    ("5.0", "NVIDIA/eos-dfw_n64_ngc25.01_nemo", "405b", "h100-sxm", 512, 1152, {"tp": 8}, 55.2049),
+    ("5.0", "NVIDIA/eos-dfw_n256_ngc25.01_nemo", "405b", "h100-sxm", 2048, 1152, {"tp": 8},
+     14.2529),
+    ("5.0", "NVIDIA/eos-dfw_n304_ngc25.01_nemo", "405b", "h100-sxm", 2432, 1216, {"tp": 8},
+     12.8573),
+    ("5.0", "NVIDIA/eos-dfw_n320_ngc25.01_nemo", "405b", "h100-sxm", 2560, 1120, {"tp": 8},
+     11.2590),
+    ("5.0", "NVIDIA/eos-dfw_n1024_ngc25.01_nemo", "405b", "h100-sxm", 8192, 1536, {"tp": 8},
+     5.2568),
+    ("5.0", "Nebius/nebius_soperator_8xH200_n64_ngc25.01_nemo", "405b", "h200", 512, 1152,
+     {"tp": 4}, 50.0973),
+    ("5.0", "Nebius/nebius_soperator_8xH200_n128_ngc25.01_nemo", "405b", "h200", 1024, 1152,
+     {"tp": 4}, 25.4124),
+    ("5.1", "Cisco/hpf_n8", "8b", "h100-sxm", 64, 64, {"tp": 1}, 0.7418),
+    ("5.1", "Cisco/hpf_n16", "8b", "h100-sxm", 128, 64, {"tp": 2}, 0.5271),
+    ("5.1", "HPE/HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09", "8b", "h200", 64, 32,
+     {"tp": 1, "cp": 2, "fp8_recipe": "current", "tp_comm_overlap": False}, 0.3540),
 ]
 
 
@@ -464,11 +478,11 @@ def mlperf_llama_rows() -> list[dict]:
     seq = MLPERF_LLAMA31["seq_length"]
     return [{"source": MLPERF_LLAMA, "published": batch * seq / step / gpus,
              "metric": "tokens/s/GPU", "system": f"MLPerf {rnd} {system}",
-             "run": {**MLPERF_LLAMA31, **MLPERF_LLAMA_MODELS[model],
+             "run": {**MLPERF_LLAMA31, **MLPERF_LLAMA_MODELS[model], **layout, "gpu": gpu,
                      "id": f"mlperf{rnd.replace('.', '')}-{system.split('/')[0].lower()}-"
                            f"{model}-{gpus}",
-                     "num_gpus": gpus, "global_batch": batch, "tp": tp}}
-            for rnd, system, model, gpus, batch, tp, step in MLPERF_LLAMA_RUNS]
+                     "num_gpus": gpus, "global_batch": batch}}
+            for rnd, system, model, gpu, gpus, batch, layout, step in MLPERF_LLAMA_RUNS]
 
 
 # One release at one layout across scales: `published_runs.per_micro_batch_fit`'s rows, by the

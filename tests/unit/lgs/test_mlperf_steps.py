@@ -54,25 +54,29 @@ def test_systems_take_the_median_of_all_blocks_of_all_runs(tmp_path: Path) -> No
     assert system_step_times(tmp_path) == {"Vendor/box_n8": (pytest.approx(1.0), 4, 3)}
 
 
-def _samples_log(blocks: list[tuple[int, int, int]], batch: int = 4) -> str:
-    """A result file of the Llama 3.1 rounds: every event counts the samples trained before
-    it; a block's start and stop carry its first sample, the evaluation after it the next."""
+def _samples_log(blocks: list[tuple[int, int, int]], batch: int = 4,
+                 block_counts: str = "trained") -> str:
+    """A result file of the Llama 3.1 rounds: each evaluation counts the samples trained before
+    it; a block's start and stop carry the samples trained before the block (NVIDIA's logs,
+    `block_counts` "trained") or the block's own length (HPE's, "length")."""
     lines = [_line("global_batch_size", batch), _line("max_sequence_length", 8)]
     trained = 0
     for start, stop, samples in blocks:
-        lines += [_line("block_start", time_ms=start, samples_count=trained),
-                  _line("block_stop", time_ms=stop, samples_count=trained)]
+        count = trained if block_counts == "trained" else samples
+        lines += [_line("block_start", time_ms=start, samples_count=count),
+                  _line("block_stop", time_ms=stop, samples_count=count)]
         trained += samples
         lines += [_line("eval_start", time_ms=stop + 1, samples_count=trained),
                   _line("eval_stop", time_ms=stop + 500, samples_count=trained)]
     return "\n".join(lines)
 
 
-def test_samples_count_logs_time_a_block_over_the_samples_it_trained() -> None:
+@pytest.mark.parametrize("block_counts", ["trained", "length"])
+def test_samples_count_logs_time_a_block_over_the_samples_it_trained(block_counts: str) -> None:
     # 40 samples at a batch of 4 are 10 steps: 20 s over 10 steps is 2 s a step; the second
     # block holds 20 steps (80 samples) in 30 s. A log cut after a block's stop, before the
     # evaluation that would count its samples, gives that block no step time.
-    log = _samples_log([(1000, 21000, 40), (30000, 60000, 80)])
+    log = _samples_log([(1000, 21000, 40), (30000, 60000, 80)], block_counts=block_counts)
     assert block_step_times(log) == (pytest.approx([2.0, 1.5]), 4)
     cut = log.rsplit("\n", 2)[0]
     assert block_step_times(cut)[0] == pytest.approx([2.0])

@@ -239,6 +239,11 @@ def test_published_rows_cite_and_validate() -> None:
             if row["run"]["gpu"] == "h100-sxm"]
     assert f"{sum(e > 0 for e in h100)} of the {len(h100)} published H100 runs" in HOPPER_CAVEAT
     assert f"a median {round(100 * statistics.median(map(abs, h100)))}%" in HOPPER_CAVEAT
+    h200 = [predicted(row)[0] / row["published"] - 1 for row in rows
+            if row["run"]["gpu"] == "h200"]
+    assert all(e > 0 for e in h200)
+    assert (f"all {len(h200)} H200 runs (2025, FP8) by {round(100 * min(h200))}-"
+            f"{round(100 * max(h200))}%") in HOPPER_CAVEAT
     tuned = [predicted(row)[0] / row["published"] - 1 for row in rows
              if row["run"]["id"].startswith("mlperf41-nvidia-")]
     assert f"within {math.ceil(100 * max(map(abs, tuned)))}% of it" in HOPPER_CAVEAT
