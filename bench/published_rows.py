@@ -406,7 +406,6 @@ MLPERF_RUNS = [
 ]
 
 
-
 def mlperf_rows() -> list[dict]:
     """Compared in tokens per second per GPU, as the other H100 rows, from the step time."""
     seq = MLPERF_GPT3["seq_length"]
