@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+# The reference run of the step model's other tests (this file was split from that one;
+# pytest puts tests/unit/lgs on the path).
+from test_stepmodel import A100, run
+
 from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step
 from megatron_lgs.lgs.gpus import (
     CLOCK_SPREAD,
@@ -16,17 +20,7 @@ from megatron_lgs.lgs.gpus import (
 )
 from megatron_lgs.lgs.kernels import flash_attention_time, gemm_efficiency, gemm_time
 from megatron_lgs.lgs.layercost import flash_attention, layer_cost
-from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.stepmodel import compute_phase
-
-A100 = get_gpu("a100-80gb")
-BASE = {"id": "t", "gpu": "a100-80gb", "num_gpus": 64, "num_layers": 16, "hidden": 4096,
-        "heads": 32, "vocab": 32000, "seq_length": 2048, "tp": 4, "pp": 2, "micro_batch": 1,
-        "global_batch": 256}
-
-
-def run(**kw):
-    return run_from_dict({**BASE, **kw})
 
 
 def test_gemm_roofline_by_hand() -> None:
