@@ -3,7 +3,7 @@
 Each step: zero grad buffers -> forward/backward over the micro-batches (megatron-core's
 schedule; grads reduce during the last micro-batch's backward) -> stability verdict on the loss
 and global grad norm -> optimizer step (unscale, inf check, clip, Adam, copy back) ->
-scheduler -> log -> eval -> checkpoint/exit.
+scheduler -> log (training_log) -> eval -> checkpoint/exit.
 """
 
 from __future__ import annotations
@@ -21,21 +21,11 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from data_pipeline.mixing import MixingConfig, MixingSchedule
-from megatron_lgs import (
-    checkpointing,
-    data,
-    initialize,
-    memory,
-    metrics,
-    model_record,
-    moe_load,
-    stability,
-)
+from megatron_lgs import checkpointing, data, initialize, metrics, model_record, stability
 from megatron_lgs.arguments import fail
 from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.exit_conditions import ExitConditions
 from megatron_lgs.lgs import online
-from megatron_lgs.model import flops_per_token, num_parameters, num_transformer_layers
 from megatron_lgs.optim import (
     attach_schedule_hooks,
     build_optimizer,
@@ -46,6 +36,7 @@ from megatron_lgs.optim import (
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_config import Config, ConfigError
 from megatron_lgs.run_state import RunState, config_fingerprint
+from megatron_lgs.training_log import TrainingLog, print_rank_0, print_rank_last
 
 # (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
 ModelProvider = Callable[..., torch.nn.Module]
@@ -78,17 +69,6 @@ class StepResult:
     rollback: bool = False
     layer_grad_norms: dict[str, float] | None = None
     update_ratio: float | None = None
-
-
-def print_rank_0(message: str) -> None:
-    if dist.get_rank() == 0:
-        print(message, flush=True)
-
-
-def print_rank_last(message: str) -> None:
-    """Megatron prints from the last rank: it holds the loss under pipeline parallelism."""
-    if dist.get_rank() == dist.get_world_size() - 1:
-        print(message, flush=True)
 
 
 def _reduce_loss(losses: list[dict]) -> float:
@@ -148,24 +128,16 @@ class Trainer:
         self.batch_sizes = data.BatchSizeSchedule(t.global_batch_size, t.micro_batch_size,
                                                   self.dp_size, t.rampup_batch_size)
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * self.dp_size)
-        self.flops_per_token = flops_per_token(cfg, self.datasets.vocab_size)
-        is_last_rank = dist.get_rank() == dist.get_world_size() - 1
-        self.metrics_file = metrics.MetricsFile(
-            cfg.checkpoint.save and is_last_rank and f"{cfg.checkpoint.save}/metrics.jsonl")
-        self.sinks = metrics.ScalarSinks(cfg.logging, cfg.to_dict()) if is_last_rank else None
+        self.log = TrainingLog(cfg, self.model, self.datasets.vocab_size)
         self.last_step_seconds = 0.0
-        self.device_memory_printed = False
-        m = cfg.model
-        self.expert_load = moe_load.ExpertLoadMonitor(
-            self.model, m.num_layers, m.num_experts, m.moe_router_topk,
-            cfg.parallel.sequence_parallel) if m.num_experts else None
 
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")
         self.state.iterations_to_skip = sorted(
             set(self.state.iterations_to_skip) | set(cfg.training.iterations_to_skip))
-        self._log_setup()
+        self.log.setup(self.model, self.optimizer, self.platform, self.dp_size,
+                       self.num_microbatches, self.lgs, self.state.iteration)
 
     def _load(self, ckpt_cfg) -> bool:
         loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
@@ -180,29 +152,6 @@ class Trainer:
             if self.datasets.schedule is not None and self.state.data_mix:
                 self.datasets.schedule.load_state_dict(self.state.data_mix)
         return loaded
-
-    def _log_setup(self) -> None:
-        c = self.cfg
-        n = sum(num_parameters(chunk) for chunk in self.model)
-        layers = str(num_transformer_layers(self.model))
-        if len(self.model) > 1:  # the interleaved schedule's model chunks
-            per_chunk = " + ".join(str(num_transformer_layers([chunk])) for chunk in self.model)
-            layers += f" ({per_chunk} in {len(self.model)} model chunks)"
-        print_rank_last(
-            f" platform: {self.platform.device.type}/{self.platform.backend}, transformer engine: "
-            f"{'yes' if self.platform.te_available else 'no (' + str(self.platform.te_error) + ')'}"
-            f"\n world size {c.parallel.world_size} = TP {c.parallel.tensor_model_parallel_size}"
-            f" x PP {c.parallel.pipeline_model_parallel_size} x CP "
-            f"{c.parallel.context_parallel_size} x DP {self.dp_size}; parameters on this rank: "
-            f"{n:,}; transformer layers on this rank: {layers}; precision {c.precision.name}; "
-            f"micro-batches per step: {self.num_microbatches}")
-        if self.lgs:
-            print_rank_0(self.lgs.describe())
-        per_rank = memory.gather(memory.startup_memory_bytes(self.model, self.optimizer,
-                                                             c.optim.optimizer))
-        print_rank_last(memory.memory_log_line(per_rank, " at start-up"))
-        self.metrics_file.write(event="memory_startup", iteration=self.state.iteration,
-                                per_rank=per_rank)
 
     # -- one step ------------------------------------------------------------------------------
     def _forward_step_for(self, iteration: int) -> ForwardStep:
@@ -292,10 +241,7 @@ class Trainer:
         if self.cfg.training.eval_iters == 0:
             return None
         loss = self._eval_loss(self.datasets.valid)
-        print_rank_last(metrics.validation_log_line(self.state.iteration, loss))
-        self.metrics_file.write(event="valid", iteration=self.state.iteration, loss=loss)
-        if self.sinks:
-            self.sinks.add({"validation lm loss": loss}, self.state.iteration)
+        self.log.validation(self.state.iteration, loss)
         return loss
 
     def update_data_mix(self) -> None:
@@ -311,9 +257,8 @@ class Trainer:
         print_rank_last(" data mix from sample " f"{s.consumed_train_samples}: " + ", ".join(
             f"{n} {w:.3f} (valid loss {losses[n]:.3f})"
             for n, w in zip(schedule.domains, weights, strict=True)))
-        self.metrics_file.write(event="data_mix", iteration=s.iteration, **record)
-        if self.sinks:
-            self.sinks.add({f"data mix/{k}": v for k, v in record.items()}, s.iteration)
+        self.log.record("data_mix", s.iteration, **record)
+        self.log.scalars({f"data mix/{k}": v for k, v in record.items()}, s.iteration)
 
     def save(self) -> None:
         self.state.stability = self.monitor.state_dict()
@@ -329,16 +274,16 @@ class Trainer:
         if self.async_saves:
             print_rank_last(f" writing checkpoint of iteration {self.state.iteration} to {path} "
                             f"in the background (training held {seconds:.2f} s)")
-        self.metrics_file.write(event="save", iteration=self.state.iteration, seconds=seconds,
-                                asynchronous=self.async_saves is not None)
+        self.log.record("save", self.state.iteration, seconds=seconds,
+                        asynchronous=self.async_saves is not None)
 
     def finish_saves(self) -> None:
         """Wait for the checkpoints still being written and commit them (--async-save)."""
         if self.async_saves and self.async_saves.in_flight:
             started = time.perf_counter()
             self.async_saves.wait()
-            self.metrics_file.write(event="save_wait", iteration=self.state.iteration,
-                                    seconds=time.perf_counter() - started)
+            self.log.record("save_wait", self.state.iteration,
+                            seconds=time.perf_counter() - started)
 
     # -- the loop ------------------------------------------------------------------------------
     def _batches(self) -> Iterator:
@@ -383,18 +328,19 @@ class Trainer:
                 print_rank_last(f" iteration {iteration}: {result.reason}; update "
                                 f"{'applied' if result.applied else 'skipped'}")
             if s.iteration == first_iteration:  # optimizer state exists only after a step
-                self._log_memory()
+                self.log.memory(self.model, self.optimizer, s.iteration)
             lr = self.optimizer.param_groups[0]["lr"]
-            self.metrics_file.write(
-                event="train", iteration=s.iteration, loss=result.loss, lr=lr,
-                grad_norm=result.grad_norm, skipped=not result.applied, reason=result.reason,
-                loss_scale=self.optimizer.get_loss_scale().item(), **self._mix_weights())
+            loss_scale = self.optimizer.get_loss_scale().item()
+            self.log.record("train", s.iteration, loss=result.loss, lr=lr,
+                            grad_norm=result.grad_norm, skipped=not result.applied,
+                            reason=result.reason, loss_scale=loss_scale, **self._mix_weights())
             if self.lgs:
-                self.metrics_file.write(event="lgs", iteration=s.iteration,
-                                        **metrics.lgs_record(self.lgs.stats, step_seconds))
+                self.log.record("lgs", s.iteration,
+                                **metrics.lgs_record(self.lgs.stats, step_seconds))
 
             if s.iteration % t.log_interval == 0:
-                self._log_interval(interval, result, lr, batch_size)
+                self.log.interval(s, interval, result, lr, batch_size, loss_scale,
+                                  self.monitor.loss_variance(), self.lgs, self.last_step_seconds)
                 interval = metrics.IntervalStats()
             if s.iteration % t.eval_interval == 0 or s.iteration == t.train_iters:
                 self.evaluate()
@@ -411,9 +357,7 @@ class Trainer:
                 print_rank_last(f" exiting after iteration {s.iteration}: {stop}")
                 break
         self.finish_saves()
-        self.metrics_file.close()
-        if self.sinks:
-            self.sinks.close()
+        self.log.close()
         return s
 
     def _mix_weights(self) -> dict[str, float]:
@@ -423,74 +367,6 @@ class Trainer:
             return {}
         weights = schedule.weights_at(self.state.consumed_train_samples - 1)
         return {f"weight.{n}": w for n, w in zip(schedule.domains, weights, strict=True)}
-
-    def _log_memory(self) -> None:
-        per_rank = memory.gather_memory(self.model, self.optimizer)
-        print_rank_last(memory.memory_log_line(per_rank))
-        self.metrics_file.write(event="memory", iteration=self.state.iteration,
-                                per_rank=per_rank)
-
-    def _log_device_memory(self) -> None:
-        """GPU memory (allocated, peak) at every log interval into metrics.jsonl; printed at the
-        first, as Megatron-LM prints its memory report once. Nothing off the GPU."""
-        mine = memory.device_memory_bytes()
-        if mine is None:
-            return
-        per_rank = memory.gather(mine)
-        if not self.device_memory_printed:
-            print_rank_last(memory.device_memory_log_line(per_rank, self.state.iteration))
-            self.device_memory_printed = True
-        self.metrics_file.write(event="device_memory", iteration=self.state.iteration,
-                                per_rank=per_rank)
-
-    def _log_expert_load(self) -> None:
-        layers = self.expert_load.collect()
-        for line in moe_load.log_lines(layers):
-            print_rank_last(line)
-        self.metrics_file.write(event="moe", iteration=self.state.iteration,
-                                **moe_load.metrics_record(layers))
-        if self.sinks:
-            self.sinks.add({f"moe/{k}": v for k, v in moe_load.metrics_record(layers).items()
-                            if isinstance(v, float | int)}, self.state.iteration)
-
-    def _log_interval(self, interval: metrics.IntervalStats, result: StepResult,
-                      lr: float, global_batch_size: int) -> None:
-        t, s = self.cfg.training, self.state
-        seconds_per_iteration = interval.step_seconds / interval.iterations
-        tokens_per_second = global_batch_size * self.cfg.model.seq_length / seconds_per_iteration
-        tflops, mfu = metrics.throughput(tokens_per_second, self.flops_per_token,
-                                         self.cfg.parallel.world_size, metrics.gpu_peak_tflops())
-        loss_scale = self.optimizer.get_loss_scale().item()
-        print_rank_last(metrics.training_log_line(
-            iteration=s.iteration, train_iters=t.train_iters,
-            consumed_samples=s.consumed_train_samples,
-            ms_per_iteration=1000 * seconds_per_iteration, lr=lr,
-            global_batch_size=global_batch_size, loss=interval.mean_loss(),
-            loss_scale=loss_scale, grad_norm=result.grad_norm,
-            skipped=s.skipped_iterations, nan_iterations=interval.nan_iterations,
-            tokens_per_second=tokens_per_second, tflops_per_gpu=tflops, mfu=mfu))
-        self._log_device_memory()
-        if self.lgs:
-            print_rank_last(metrics.lgs_log_line(self.lgs.stats, self.last_step_seconds))
-        variance = self.monitor.loss_variance()
-        watch = metrics.watch_log_line(result.layer_grad_norms, result.update_ratio, variance)
-        print_rank_last(watch)
-        for line in stability.alerts(result.grad_norm, result.update_ratio, variance):
-            print_rank_last(line)
-        if self.expert_load is not None:
-            self._log_expert_load()
-        scalars = {
-            "lm loss": interval.mean_loss(), "learning rate": lr, "loss scale": loss_scale,
-            "grad norm": result.grad_norm, "skipped iterations": s.skipped_iterations,
-            "nan iterations": s.nan_iterations, "tokens per second": tokens_per_second,
-            "throughput TFLOP/s per GPU": tflops, "loss variance": variance,
-            "update/param ratio": result.update_ratio,
-            **{f"grad norm/{k}": v for k, v in (result.layer_grad_norms or {}).items()},
-        }
-        self.metrics_file.write(event="log", iteration=s.iteration, **{
-            k.replace(" ", "_").replace("/", "."): v for k, v in scalars.items()})
-        if self.sinks:
-            self.sinks.add(scalars, s.iteration)
 
 
 def build_model_chunks(cfg: Config, model_provider: ModelProvider, platform: Platform,

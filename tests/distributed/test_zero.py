@@ -72,7 +72,7 @@ _FSDP_RUN = textwrap.dedent("""
                       pretrain_gpt.forward_step, pretrain_gpt.datasets_provider)
     startup = memory.gather(memory.startup_memory_bytes(trainer.model, trainer.optimizer, "adam"))
     last = dist.get_rank() == dist.get_world_size() - 1
-    trainer.metrics_file = metrics.MetricsFile(f"{out}/metrics.jsonl" if last else None)
+    trainer.log.metrics_file = metrics.MetricsFile(f"{out}/metrics.jsonl" if last else None)
     trainer.train()
     if last:
         with open(f"{out}/startup.json", "w") as f:
