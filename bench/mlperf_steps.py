@@ -11,7 +11,7 @@ median step time over all timed blocks of all its runs: a block's duration (its 
 evaluation's `samples_count` being the samples trained before it (the block events' own count
 means different things in different submitters' logs), so a block holds the samples between the
 evaluation before it (or the run's start) and the one after it, over the global batch.
-`bench/published_rows.py`'s MLPerf rows hold the figures this prints. Logs whose one block spans
+`bench/mlperf_rows.py` holds the figures this prints. Logs whose one block spans
 the whole run (GPT-3 of round 3.0) have no step time to give and are skipped.
 """
 

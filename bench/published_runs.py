@@ -1,8 +1,9 @@
 """Whole-step model against training runs published with their layout and throughput.
 
 Every row cites its source (the data, with the software of the time stated per source, is
-`published_rows.py`). The model's inputs are the published layout plus that software; where
-a source leaves a knob out (micro-batch size, virtual stages) the row says what was assumed.
+`published_rows.py` and `mlperf_rows.py`). The model's inputs are the published layout plus
+that software; where a source leaves a knob out (micro-batch size, virtual stages) the row says
+what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
@@ -31,10 +32,11 @@ from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import published_rows as src  # noqa: E402
+from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
     MEGATRON_H100_ROW,
-    MLPERF_FITS,
     MODELZOO,
     MODELZOO_BASE,
     MODELZOO_RUNS,
@@ -42,10 +44,17 @@ from published_rows import (  # noqa: E402
     TORCHTITAN,
     TORCHTITAN_RUN,
     TORCHTITAN_RUNS,
-    published_rows,
 )
 
 UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def published_rows() -> list[dict]:
+    """The table's rows, source by source."""
+    return (src.narayanan_rows() + src.korthikanti_rows() + src.megatron_h100_rows()
+            + src.megatron_moe_rows() + src.megatron_bridge_rows() + src.nemo_rows()
+            + src.megatron_recipe_rows() + src.long_context_rows() + mlperf_rows()
+            + mlperf_llama_rows())
 
 
 def _vpp_choices(run: Run) -> list[int]:

@@ -21,7 +21,7 @@ from layer_kernels import (  # noqa: E402
     measure,
     summarize,
 )
-from published_rows import mlperf_llama_rows, mlperf_rows  # noqa: E402
+from mlperf_rows import mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402

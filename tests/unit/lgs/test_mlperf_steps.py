@@ -1,5 +1,5 @@
 """bench/mlperf_steps.py: step times from MLPerf Training's MLLOG lines, as the MLPerf table
-rows of bench/published_rows.py take them."""
+rows of bench/mlperf_rows.py take them."""
 
 from __future__ import annotations
 
