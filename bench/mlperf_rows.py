@@ -129,4 +129,5 @@ def mlperf_llama_rows() -> list[dict]:
 # One release at one layout across scales: `published_runs.per_micro_batch_fit`'s rows, by the
 # prefix of their ids.
 MLPERF_FITS = {"mlperf31-nvidia-": "MLPerf 3.1 GPT-3 175B rows of NVIDIA",
-               "mlperf50-nvidia-405b-": "MLPerf 5.0 Llama 3.1 405B rows of NVIDIA"}
+               "mlperf50-nvidia-405b-": "MLPerf 5.0 Llama 3.1 405B rows of NVIDIA",
+               "mlperf50-nebius-405b-": "MLPerf 5.0 Llama 3.1 405B rows of Nebius on H200"}
