@@ -189,7 +189,9 @@ def per_layer_grad_norms(model: list, loss_scale: float) -> dict[str, float]:
             shard = bucket.grad_data.numel() // dp_size
             lo_shard = bucket.offset + dp_rank * shard
             hi_shard = lo_shard + shard
-            for param in bucket.params:
+            # The bucket's list, not its set: a set iterates in id() order, which changes the
+            # order of the sums from run to run, and with it their last bits.
+            for param in bucket.params_list:
                 if not param_is_not_tensor_parallel_duplicate(param):
                     continue
                 start, end, _ = buffer.param_index_map[param]

@@ -21,13 +21,24 @@ def test_a_few_steps_train_and_write_a_checkpoint(tiny, tmp_path):
     assert "tokens per second:" in run.stdout and "lm loss: " in run.stdout
 
 
+def _diagnostics(run) -> list[dict]:
+    """The log-interval records without their wall-clock fields."""
+    timed = ("tokens_per_second", "throughput_TFLOP.s_per_GPU")
+    return [{k: v for k, v in r.items() if k not in timed} for r in run.records("log")]
+
+
 def test_same_seed_same_losses_bit_for_bit(tiny, tmp_path):
-    args = [*tiny, "--train-iters", "8", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
-    first = run_pretrain(args, save_dir=tmp_path / "a").losses()
-    second = run_pretrain(args, save_dir=tmp_path / "b").losses()
+    args = [*tiny, "--train-iters", "8", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+            "--log-interval", "4"]
+    first = run_pretrain(args, save_dir=tmp_path / "a")
+    second = run_pretrain(args, save_dir=tmp_path / "b")
     other_seed = run_pretrain([*args, "--seed", "7"], save_dir=tmp_path / "c").losses()
-    assert first == second
-    assert first != other_seed
+    assert first.losses() == second.losses()
+    assert first.losses() != other_seed
+    # The diagnostics too: per-layer gradient norms, update ratio, loss variance.
+    logged = _diagnostics(first)
+    assert len(logged) == 2 and "grad_norm.layer_1" in logged[0]
+    assert logged == _diagnostics(second)
 
 
 def test_loader_workers_do_not_change_a_single_bit(tiny, tmp_path):
