@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -137,13 +138,14 @@ def strong_scaling() -> None:
               f"{dominant_terms(est)})")
 
 
-def per_micro_batch_fit(out: list[dict], prefix: str, label: str) -> None:
-    """One software release at one layout over many scales (the rows whose ids start with
-    `prefix`, their tokens/s turned back into step times): step time as a line in the
+def per_micro_batch_fit(out: list[dict], pattern: str, label: str) -> None:
+    """One software release at one layout over many scales (the rows whose ids match the
+    regular expression `pattern` from their start, their tokens/s turned back into step times):
+    step time as a line in the
     micro-batches each pipeline runs per step, published and predicted. The slope is the time
     of one micro-batch in the pipeline's steady state, the intercept what every step pays once
     (bubble, exposed gradient and parameter traffic, optimizer)."""
-    rows = [row for row in out if row["run"]["id"].startswith(prefix)]
+    rows = [row for row in out if re.match(pattern, row["run"]["id"])]
     runs = [run_from_dict(row["run"]) for row in rows]
     if len({(run.tp, run.pp, run.cp, run.vpp, run.micro_batch) for run in runs}) != 1:
         raise ValueError("the per-micro-batch fit needs one layout")
@@ -291,8 +293,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         print(summary(f"  {gpu} rows", [abs(row["relative_error"]) for row in out
                                          if row["run"]["gpu"] == gpu]))
     micro_batch_sensitivity(out)
-    for prefix, label in MLPERF_FITS.items():
-        per_micro_batch_fit(out, prefix, label)
+    for pattern, label in MLPERF_FITS.items():
+        per_micro_batch_fit(out, pattern, label)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
     layout_ranking()

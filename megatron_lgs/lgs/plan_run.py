@@ -49,8 +49,9 @@ HOPPER_CAVEAT = ("Hopper: 49 of the 51 published H100 runs of bench/published_ru
                  "long-context runs, attention 65-79% of the step. NVIDIA's tuned MLPerf GPT-3 "
                  "of 2024-11 ran within 3% of it on 256 and 512 GPUs; that of 2023-11, from "
                  "512 to 10752 GPUs, paid ~30 ms a step it does not have, and its Llama 3.1 405B "
-                 "of 2025-06, from 512 to 8192 GPUs, ~260 ms a step (the same software on 512 "
-                 "and 1024 H200 at TP4: ~60 ms a step). Do not take its MFU as "
+                 "of 2025-06, from 512 to 8192 GPUs, ~260 ms a step (from 512 to 2048 GPUs "
+                 "~170 ms a step; the same software on 512 and 1024 H200 at TP4 ~60 ms a "
+                 "step). Do not take its MFU as "
                  "a promise, and rank layouts by it with care: of one MoE model's published H100 "
                  "layouts (Qwen3-235B) it orders 4 of 9 pairs as measured")
 # What bench/published_runs.py shows for MoE: experts wider than the hidden size (Mixtral's)
