@@ -1,6 +1,14 @@
 """MLPerf Training's H100 and H200 rows of the validation table (`published_runs.py`): GPT-3 175B
 of rounds 3.1-4.1 and Llama 3.1 of rounds 5.0-5.1, their step times read from the submitters'
-logs by `mlperf_steps.py`, their layouts and knobs from each submission's configs."""
+logs by `mlperf_steps.py`, their layouts and knobs from each submission's configs.
+
+The step time is the median of the times the trainer logged for each of its steps (NeMo's
+`tracked_stats`), the steady step the model predicts and the statistic the other sources
+publish (a median or a steady-state average); round 4.0's NVIDIA logs carry no per-step times,
+so its three rows take the median over timed blocks (a block's duration over its steps), which
+also counts the return from each evaluation and the slow steps: 8.7% more than the trainer's
+median on Oracle's 3072 GPUs and on Cisco's 128, 0.1-3.4% on the other systems that log both.
+Until 2026-12-06 every row took the blocks' figure."""
 
 from published_rows import GPT3, LLAMA
 
@@ -8,8 +16,9 @@ MLPERF = ("MLCommons MLPerf Training, GPT-3 175B on H100, rounds 3.1 (2023-11), 
           "4.1 (2024-11): mlcommons/training_results_v3.1 (commit d06288b2bd), _v4.0 "
           "(6fe954378e) and _v4.1 (b87b9e396f), every H100 system's "
           "results/<system>/gpt3/result_*.txt with the configs of its benchmarks/gpt3 folder; "
-          "tokens/s/GPU from the step time: each timed block's MLLOG duration over its steps, "
-          "the median of all blocks of all runs (bench/mlperf_steps.py)")
+          "tokens/s/GPU from the step time: the median of the trainer's per-step times of all "
+          "runs (tracked_stats; round 4.0's NVIDIA logs have none: each timed block's MLLOG "
+          "duration over its steps, the median of all blocks; bench/mlperf_steps.py)")
 # NVIDIA's NeMo implementation as every one of these submitters ran it (NeMo 23.09 in 3.1,
 # 24.04 in 4.0, 24.09 in 4.1; conf/custom.yaml and config_common.sh of each folder): the
 # MLPerf GPT-3 175B (96 layers, hidden 12288, 96 heads, GeLU MLP 4h, learned positions, tied
@@ -29,22 +38,23 @@ MLPERF_GPT3 = {"gpu": "h100-sxm", "num_layers": 96, "hidden": 12288, "heads": 96
                "grad_reduce_in_fp32": False}
 MLPERF_RUNS = [
     # round, submitter/system, GPUs, global batch, pp, vp, micro-batch, FP8 params, step s
-    ("3.1", "NVIDIA/eos_n64_ngc23.09_nemo", 512, 2048, 8, 12, 1, False, 11.0713),
-    ("3.1", "NVIDIA/eos_n96_ngc23.09_nemo", 768, 3072, 8, 12, 1, False, 11.0917),
-    ("3.1", "NVIDIA/eos-dfw_n512_ngc23.09_nemo", 4096, 2048, 8, 12, 1, False, 1.6285),
-    ("3.1", "NVIDIA/eos-dfw_n768_ngc23.09_nemo", 6144, 3072, 8, 12, 1, False, 1.6354),
-    ("3.1", "NVIDIA/eos-dfw_n1024_ngc23.09_nemo", 8192, 4096, 8, 12, 1, False, 1.6405),
-    ("3.1", "NVIDIA/eos-dfw_n1280_ngc23.09_nemo", 10240, 2560, 8, 12, 1, False, 0.9467),
-    ("3.1", "NVIDIA/eos-dfw_n1344_ngc23.09_nemo", 10752, 2688, 8, 12, 1, False, 0.9521),
-    ("3.1", "Azure+NVIDIA/ND_H100_v5_n1344_pytorch", 10752, 2688, 8, 12, 1, False, 0.9796),
+    # (the trainer's median; round 4.0's NVIDIA rows: the blocks')
+    ("3.1", "NVIDIA/eos_n64_ngc23.09_nemo", 512, 2048, 8, 12, 1, False, 11.0520),
+    ("3.1", "NVIDIA/eos_n96_ngc23.09_nemo", 768, 3072, 8, 12, 1, False, 11.0751),
+    ("3.1", "NVIDIA/eos-dfw_n512_ngc23.09_nemo", 4096, 2048, 8, 12, 1, False, 1.6088),
+    ("3.1", "NVIDIA/eos-dfw_n768_ngc23.09_nemo", 6144, 3072, 8, 12, 1, False, 1.6153),
+    ("3.1", "NVIDIA/eos-dfw_n1024_ngc23.09_nemo", 8192, 4096, 8, 12, 1, False, 1.6193),
+    ("3.1", "NVIDIA/eos-dfw_n1280_ngc23.09_nemo", 10240, 2560, 8, 12, 1, False, 0.9256),
+    ("3.1", "NVIDIA/eos-dfw_n1344_ngc23.09_nemo", 10752, 2688, 8, 12, 1, False, 0.9296),
+    ("3.1", "Azure+NVIDIA/ND_H100_v5_n1344_pytorch", 10752, 2688, 8, 12, 1, False, 0.9473),
     ("4.0", "NVIDIA/eos_n64_ngc24.04_nemo", 512, 2304, 8, 4, 2, True, 10.9800),
     ("4.0", "NVIDIA/eos-dfw_n1344_ngc24.04_nemo", 10752, 2688, 6, 8, 1, True, 0.9207),
     ("4.0", "NVIDIA/eos-dfw_n1452_ngc24.04_nemo", 11616, 2904, 6, 8, 1, True, 0.9217),
-    ("4.0", "smc/64xSMC-H100-SXM-80GB", 512, 2048, 8, 12, 2, True, 10.7626),
-    ("4.1", "NVIDIA/eos_n32_ngc24.09_nemo", 256, 2048, 8, 6, 2, True, 18.4103),
-    ("4.1", "NVIDIA/eos_n64_ngc24.09_nemo", 512, 2048, 8, 6, 2, True, 9.5418),
-    ("4.1", "Oracle/1536xBM.GPU.H100.8", 1536, 3072, 8, 4, 2, True, 5.2343),
-    ("4.1", "Oracle/3072xBM.GPU.H100.8", 3072, 3072, 8, 4, 2, True, 3.3319),
+    ("4.0", "smc/64xSMC-H100-SXM-80GB", 512, 2048, 8, 12, 2, True, 10.6355),
+    ("4.1", "NVIDIA/eos_n32_ngc24.09_nemo", 256, 2048, 8, 6, 2, True, 18.3779),
+    ("4.1", "NVIDIA/eos_n64_ngc24.09_nemo", 512, 2048, 8, 6, 2, True, 9.5004),
+    ("4.1", "Oracle/1536xBM.GPU.H100.8", 1536, 3072, 8, 4, 2, True, 5.1667),
+    ("4.1", "Oracle/3072xBM.GPU.H100.8", 3072, 3072, 8, 4, 2, True, 3.0643),
 ]
 
 
@@ -64,9 +74,8 @@ MLPERF_LLAMA = ("MLCommons MLPerf Training, Llama 3.1 pretraining on H100 and H2
                 "round 5.0 (2025-06), mlcommons/training_results_v5.0 (commit 0fdc28f013), and "
                 "8B in round 5.1 (2025-11), _v5.1 (441d65f444), every H100 and H200 system's "
                 "results/<system>/llama31_*/result_*.txt with the configs of its benchmarks "
-                "folder; tokens/s/GPU from the step time: each timed block's MLLOG duration over "
-                "the samples it trained, the median of all blocks of all runs "
-                "(bench/mlperf_steps.py)")
+                "folder; tokens/s/GPU from the step time: the median of the trainer's per-step "
+                "times of all runs (tracked_stats; bench/mlperf_steps.py)")
 # NVIDIA's NeMo implementation as each submitter ran it (NeMo 25.01 for the 405B; the 25.08-25.09
 # containers for the 8B; pretrain.py, conf/custom.yaml, config_common*.sh and the system's
 # config_*.sh of each folder): NeMo's Llama 3.1 8B and 405B (Llama31Config8B / 405B: SwiGLU, 8
@@ -94,23 +103,24 @@ MLPERF_LLAMA_MODELS = {
 }
 MLPERF_LLAMA_RUNS = [
     # round, submitter/system, model, GPU, GPUs, global batch, layout over the model's, step s
-    ("5.0", "NVIDIA/eos-dfw_n64_ngc25.01_nemo", "405b", "h100-sxm", 512, 1152, {"tp": 8}, 55.2049),
+    # (the trainer's median)
+    ("5.0", "NVIDIA/eos-dfw_n64_ngc25.01_nemo", "405b", "h100-sxm", 512, 1152, {"tp": 8}, 55.1338),
     ("5.0", "NVIDIA/eos-dfw_n256_ngc25.01_nemo", "405b", "h100-sxm", 2048, 1152, {"tp": 8},
-     14.2529),
+     14.2202),
     ("5.0", "NVIDIA/eos-dfw_n304_ngc25.01_nemo", "405b", "h100-sxm", 2432, 1216, {"tp": 8},
-     12.8573),
+     12.7287),
     ("5.0", "NVIDIA/eos-dfw_n320_ngc25.01_nemo", "405b", "h100-sxm", 2560, 1120, {"tp": 8},
-     11.2590),
+     11.1742),
     ("5.0", "NVIDIA/eos-dfw_n1024_ngc25.01_nemo", "405b", "h100-sxm", 8192, 1536, {"tp": 8},
-     5.2568),
+     5.1801),
     ("5.0", "Nebius/nebius_soperator_8xH200_n64_ngc25.01_nemo", "405b", "h200", 512, 1152,
-     {"tp": 4}, 50.0973),
+     {"tp": 4}, 50.0160),
     ("5.0", "Nebius/nebius_soperator_8xH200_n128_ngc25.01_nemo", "405b", "h200", 1024, 1152,
-     {"tp": 4}, 25.4124),
-    ("5.1", "Cisco/hpf_n8", "8b", "h100-sxm", 64, 64, {"tp": 1}, 0.7418),
-    ("5.1", "Cisco/hpf_n16", "8b", "h100-sxm", 128, 64, {"tp": 2}, 0.5271),
+     {"tp": 4}, 25.3564),
+    ("5.1", "Cisco/hpf_n8", "8b", "h100-sxm", 64, 64, {"tp": 1}, 0.7205),
+    ("5.1", "Cisco/hpf_n16", "8b", "h100-sxm", 128, 64, {"tp": 2}, 0.4850),
     ("5.1", "HPE/HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09", "8b", "h200", 64, 32,
-     {"tp": 1, "cp": 2, "fp8_recipe": "current", "tp_comm_overlap": False}, 0.3540),
+     {"tp": 1, "cp": 2, "fp8_recipe": "current", "tp_comm_overlap": False}, 0.3531),
 ]
 
 

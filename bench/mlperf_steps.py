@@ -13,6 +13,13 @@ means different things in different submitters' logs), so a block holds the samp
 evaluation before it (or the run's start) and the one after it, over the global batch.
 `bench/mlperf_rows.py` holds the figures this prints. Logs whose one block spans
 the whole run (GPT-3 of round 3.0) have no step time to give and are skipped.
+
+Where the logs also carry the trainer's own time of each step (NeMo's `tracked_stats`, the
+wall time between consecutive step ends: `train_step_time` in rounds 5.0-5.1,
+`train_step_timing` or `train_step_timing in s` in some earlier submissions), the median of
+those is printed beside it: a steady step, without what a block holds besides its steps (the
+return from evaluation, the slow steps a median leaves out). The table's rows take that median
+where a system logs it (`bench/mlperf_rows.py`).
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 MLLOG = ":::MLLOG"
+STEP_TIME_KEYS = ("train_step_time", "train_step_timing", "train_step_timing in s")
 
 
 def block_step_times(log: str) -> tuple[list[float], int | None]:
@@ -61,18 +70,45 @@ def block_step_times(log: str) -> tuple[list[float], int | None]:
     return steps, batch
 
 
-def system_step_times(root: Path, benchmark: str = "gpt3") -> dict[str, tuple[float, int, int]]:
-    """{submitter/system: (median step s, global batch, blocks)} for one results clone."""
+def logged_step_times(log: str) -> list[float]:
+    """The trainer's own time of each step in one result file (`STEP_TIME_KEYS`)."""
+    times = []
+    for line in log.splitlines():
+        if MLLOG not in line:
+            continue
+        event = json.loads(line.split(MLLOG, 1)[1])
+        value = event.get("value")
+        if event["key"] == "tracked_stats" and isinstance(value, dict):
+            times += [float(value[k]) for k in STEP_TIME_KEYS if k in value]
+    return times
+
+
+@dataclass(frozen=True)
+class SystemSteps:
+    """One system's step time from its timed blocks, and from its trainer's per-step times."""
+
+    step_s: float  # median over all blocks of all runs
+    batch: int | None
+    blocks: int
+    logged_step_s: float | None  # median of the trainer's step times; None: not logged
+    logged_steps: int
+
+
+def system_step_times(root: Path, benchmark: str = "gpt3") -> dict[str, SystemSteps]:
+    """{submitter/system: its step times} for one results clone."""
     out = {}
     for system in sorted(root.glob(f"*/results/*/{benchmark}")):
-        steps, batch = [], None
+        steps, logged, batch = [], [], None
         for result in sorted(system.glob("result_*.txt")):
-            s, b = block_step_times(result.read_text(errors="replace"))
+            text = result.read_text(errors="replace")
+            s, b = block_step_times(text)
             steps += s
+            logged += logged_step_times(text)
             batch = batch or b
         if steps:
             name = f"{system.parents[2].name}/{system.parent.name}"
-            out[name] = (statistics.median(steps), batch, len(steps))
+            out[name] = SystemSteps(statistics.median(steps), batch, len(steps),
+                                    statistics.median(logged) if logged else None, len(logged))
     return out
 
 
@@ -82,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--benchmark", default="gpt3")
     a = ap.parse_args(argv)
     for root in a.clones:
-        for name, (step, batch, blocks) in system_step_times(root, a.benchmark).items():
-            print(f"{root.name:<22} {name:<48} global batch {batch:>5}  blocks {blocks:>3}  "
-                  f"step {step:.4f} s")
+        for name, s in system_step_times(root, a.benchmark).items():
+            logged = (f"  trainer's median {s.logged_step_s:.4f} s of {s.logged_steps} steps"
+                      if s.logged_step_s is not None else "")
+            print(f"{root.name:<22} {name:<48} global batch {s.batch:>5}  blocks {s.blocks:>3}  "
+                  f"step {s.step_s:.4f} s{logged}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-from mlperf_steps import block_step_times, system_step_times  # noqa: E402
+from mlperf_steps import (  # noqa: E402
+    SystemSteps,
+    block_step_times,
+    logged_step_times,
+    system_step_times,
+)
 
 
 def _line(key: str, value: object = None, time_ms: int = 0, **meta: object) -> str:
@@ -51,7 +56,23 @@ def test_systems_take_the_median_of_all_blocks_of_all_runs(tmp_path: Path) -> No
     (system / "result_0.txt").write_text(_log([(0, 10000, 320), (20000, 30000, 320)]))
     (system / "result_1.txt").write_text(_log([(0, 40000, 320)]))
     (tmp_path / "Vendor" / "results" / "box_n8" / "bert").mkdir()
-    assert system_step_times(tmp_path) == {"Vendor/box_n8": (pytest.approx(1.0), 4, 3)}
+    assert system_step_times(tmp_path) == {
+        "Vendor/box_n8": SystemSteps(pytest.approx(1.0), 4, 3, None, 0)}
+
+
+def test_the_trainers_own_step_times_are_read_under_each_spelling(tmp_path: Path) -> None:
+    """NeMo's per-step times (5.x `train_step_time`, earlier `train_step_timing` and
+    `train_step_timing in s`); other tracked stats and other events are not step times."""
+    stats = [{"train_step_time": 2.5, "reduced_train_loss": 7.1}, {"warmup_time": 370.0},
+             {"train_step_timing": 2.0}, {"train_step_timing in s": 3.0}, {"init_finished": 0.1}]
+    lines = [_line("tracked_stats", value) for value in stats]
+    lines.append(_line("eval_accuracy", 2.2))
+    assert logged_step_times("\n".join(lines)) == [2.5, 2.0, 3.0]
+    system = tmp_path / "Vendor" / "results" / "box_n8" / "gpt3"
+    system.mkdir(parents=True)
+    (system / "result_0.txt").write_text("\n".join([_log([(0, 10000, 320)]), *lines]))
+    assert system_step_times(tmp_path)["Vendor/box_n8"] == SystemSteps(
+        pytest.approx(1.0), 4, 1, 2.5, 3)
 
 
 def _samples_log(blocks: list[tuple[int, int, int]], batch: int = 4,
