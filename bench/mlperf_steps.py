@@ -34,18 +34,20 @@ MLLOG = ":::MLLOG"
 STEP_TIME_KEYS = ("train_step_time", "train_step_timing", "train_step_timing in s")
 
 
-def block_step_times(log: str) -> tuple[list[float], int | None]:
-    """(step time of each timed block, global batch size) of one result file."""
+def mllog_events(log: str) -> list[dict]:
+    """The MLLOG events of one result file, in order; other lines are the trainer's output."""
+    return [json.loads(line.split(MLLOG, 1)[1]) for line in log.splitlines() if MLLOG in line]
+
+
+def block_step_times(events: list[dict]) -> tuple[list[float], int | None]:
+    """(step time of each timed block, global batch size) of one result file's events."""
     batch = seq = None
     starts: dict[int, tuple[int, int]] = {}
     block_ms: int | None = None  # samples-count logs: the open block's start
     ended: float | None = None  # its duration, s, until the evaluation after it counts it
     evaluated = 0  # samples trained before the last evaluation
     steps: list[float] = []
-    for line in log.splitlines():
-        if MLLOG not in line:
-            continue
-        event = json.loads(line.split(MLLOG, 1)[1])
+    for event in events:
         key, meta = event["key"], event.get("metadata", {})
         if key == "global_batch_size":
             batch = event["value"]
@@ -70,17 +72,11 @@ def block_step_times(log: str) -> tuple[list[float], int | None]:
     return steps, batch
 
 
-def logged_step_times(log: str) -> list[float]:
-    """The trainer's own time of each step in one result file (`STEP_TIME_KEYS`)."""
-    times = []
-    for line in log.splitlines():
-        if MLLOG not in line:
-            continue
-        event = json.loads(line.split(MLLOG, 1)[1])
-        value = event.get("value")
-        if event["key"] == "tracked_stats" and isinstance(value, dict):
-            times += [float(value[k]) for k in STEP_TIME_KEYS if k in value]
-    return times
+def logged_step_times(events: list[dict]) -> list[float]:
+    """The trainer's own time of each step in one result file's events (`STEP_TIME_KEYS`)."""
+    return [float(event["value"][k]) for event in events
+            if event["key"] == "tracked_stats" and isinstance(event.get("value"), dict)
+            for k in STEP_TIME_KEYS if k in event["value"]]
 
 
 @dataclass(frozen=True)
@@ -100,10 +96,10 @@ def system_step_times(root: Path, benchmark: str = "gpt3") -> dict[str, SystemSt
     for system in sorted(root.glob(f"*/results/*/{benchmark}")):
         steps, logged, batch = [], [], None
         for result in sorted(system.glob("result_*.txt")):
-            text = result.read_text(errors="replace")
-            s, b = block_step_times(text)
+            events = mllog_events(result.read_text(errors="replace"))
+            s, b = block_step_times(events)
             steps += s
-            logged += logged_step_times(text)
+            logged += logged_step_times(events)
             batch = batch or b
         if steps:
             name = f"{system.parents[2].name}/{system.parent.name}"

@@ -33,7 +33,6 @@ from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import published_rows as src  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
@@ -45,6 +44,14 @@ from published_rows import (  # noqa: E402
     TORCHTITAN,
     TORCHTITAN_RUN,
     TORCHTITAN_RUNS,
+    korthikanti_rows,
+    long_context_rows,
+    megatron_bridge_rows,
+    megatron_h100_rows,
+    megatron_moe_rows,
+    megatron_recipe_rows,
+    narayanan_rows,
+    nemo_rows,
 )
 
 UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
@@ -52,10 +59,9 @@ UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
 
 def published_rows() -> list[dict]:
     """The table's rows, source by source."""
-    return (src.narayanan_rows() + src.korthikanti_rows() + src.megatron_h100_rows()
-            + src.megatron_moe_rows() + src.megatron_bridge_rows() + src.nemo_rows()
-            + src.megatron_recipe_rows() + src.long_context_rows() + mlperf_rows()
-            + mlperf_llama_rows())
+    return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
+            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
+            + mlperf_rows() + mlperf_llama_rows())
 
 
 def _vpp_choices(run: Run) -> list[int]:
@@ -141,10 +147,10 @@ def strong_scaling() -> None:
 def per_micro_batch_fit(out: list[dict], pattern: str, label: str) -> None:
     """One software release at one layout over many scales (the rows whose ids match the
     regular expression `pattern` from their start, their tokens/s turned back into step times):
-    step time as a line in the
-    micro-batches each pipeline runs per step, published and predicted. The slope is the time
-    of one micro-batch in the pipeline's steady state, the intercept what every step pays once
-    (bubble, exposed gradient and parameter traffic, optimizer)."""
+    step time as a line in the micro-batches each pipeline runs per step, published and
+    predicted. The slope is the time of one micro-batch in the pipeline's steady state, the
+    intercept what every step pays once (bubble, exposed gradient and parameter traffic,
+    optimizer)."""
     rows = [row for row in out if re.match(pattern, row["run"]["id"])]
     runs = [run_from_dict(row["run"]) for row in rows]
     if len({(run.tp, run.pp, run.cp, run.vpp, run.micro_batch) for run in runs}) != 1:

@@ -13,10 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 from mlperf_steps import (  # noqa: E402
     SystemSteps,
-    block_step_times,
     logged_step_times,
+    mllog_events,
     system_step_times,
 )
+from mlperf_steps import block_step_times as _block_step_times  # noqa: E402
+
+
+def block_step_times(log: str) -> tuple[list[float], int | None]:
+    return _block_step_times(mllog_events(log))
 
 
 def _line(key: str, value: object = None, time_ms: int = 0, **meta: object) -> str:
@@ -67,7 +72,7 @@ def test_the_trainers_own_step_times_are_read_under_each_spelling(tmp_path: Path
              {"train_step_timing": 2.0}, {"train_step_timing in s": 3.0}, {"init_finished": 0.1}]
     lines = [_line("tracked_stats", value) for value in stats]
     lines.append(_line("eval_accuracy", 2.2))
-    assert logged_step_times("\n".join(lines)) == [2.5, 2.0, 3.0]
+    assert logged_step_times(mllog_events("\n".join(lines))) == [2.5, 2.0, 3.0]
     system = tmp_path / "Vendor" / "results" / "box_n8" / "gpt3"
     system.mkdir(parents=True)
     (system / "result_0.txt").write_text("\n".join([_log([(0, 10000, 320)]), *lines]))
