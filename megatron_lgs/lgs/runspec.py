@@ -55,6 +55,7 @@ modelled).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -67,6 +68,7 @@ MOE_DISPATCHERS = ("alltoall", "flex")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
+MAX_STAGE_TENSORS = 1_000_000  # `_check_stage_tensors`
 
 
 class RunError(ValueError):
@@ -186,12 +188,14 @@ def _typed(name: str, value: Any) -> Any:
     if name in _INTS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise RunError(name, f"must be an integer, got {value!r}")
-        if value < (0 if name == "num_experts" or name == "zero" else 1):
-            raise RunError(name, f"must be >= 1, got {value}")
+        least = 0 if name == "num_experts" or name == "zero" else 1
+        if value < least:
+            raise RunError(name, f"must be >= {least}, got {value}")
         return value
     if name == "nic_gbit_per_gpu":
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise RunError(name, f"must be a positive number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value <= 0):
+            raise RunError(name, f"must be a positive finite number, got {value!r}")
         return float(value)
     if name == "recompute_modules":
         if not isinstance(value, list | tuple) or not value or any(
@@ -271,6 +275,25 @@ def layout_fields(m: ModelConfig, lay: Layout) -> dict[str, Any]:
                 grad_reduce_in_fp32=lay.grad_bytes == 4, **pipeline_split(lay))
 
 
+def stage_tensors_per_layer(r: Run) -> int:
+    """The weight tensors `workload` builds for one layer's gradients: two a local expert
+    plus the router and the attention's three (QKV, projection, norm), or six dense."""
+    return 2 * (r.num_experts // r.ep) + 4 if r.num_experts else 6
+
+
+def _check_stage_tensors(r: Run) -> None:
+    """Refuse a run whose stages hold more weight tensors than `MAX_STAGE_TENSORS`: the model
+    builds every layer's gradient tensors to replay megatron-core's buckets (`workload`), so
+    its time and memory grow with them (a million take ~40 s on 2 cores), and a mistyped
+    layer or expert count would otherwise run for hours or exhaust memory."""
+    layers, per_layer = -(-r.num_layers // r.pp), stage_tensors_per_layer(r)
+    if layers * per_layer > MAX_STAGE_TENSORS:
+        field = "num_experts" if per_layer > 6 else "num_layers"
+        raise RunError(field, f"{layers} layers of {per_layer} weight tensors on a pipeline "
+                              f"stage exceed the model's limit of {MAX_STAGE_TENSORS:,} "
+                              "tensors a stage")
+
+
 def check_run(r: Run) -> None:
     """Cross-field rules of a run (raises RunError naming the field)."""
     if r.recompute not in RECOMPUTE:
@@ -299,6 +322,7 @@ def check_run(r: Run) -> None:
     if r.recompute_num_layers and r.recompute != "full":
         raise RunError("recompute_num_layers", "takes recompute \"full\" (Megatron's block "
                                                "method)")
+    _check_stage_tensors(r)
     try:
         r.layer_split()
     except SplitError as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_lgs.arguments import build_parser, config_from_namespace
+from megatron_lgs.lgs.gpus import GPUS, link_profile
 from megatron_lgs.lgs.layercost import TERMS
 from megatron_lgs.lgs.plan_run import (
     FINE_MOE_CAVEAT,
@@ -32,9 +33,10 @@ from megatron_lgs.lgs.planner import (
     with_thresholds,
 )
 from megatron_lgs.lgs.predict import predict_file
-from megatron_lgs.lgs.runspec import run_from_dict
+from megatron_lgs.lgs.runspec import run_from_dict, stage_tensors_per_layer
 from megatron_lgs.lgs.simulate import cli
-from megatron_lgs.lgs.stepmodel import predict_run
+from megatron_lgs.lgs.stepmodel import predict_run, sync_workload
+from megatron_lgs.lgs.workload import stage_backward
 from megatron_lgs.validation import validate
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -93,6 +95,11 @@ def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture
     ({"tp": "4"}, "tp"),
     ({"etp": 3}, "etp"),                     # expert TP on a dense model
     ({"dropout": 1.0}, "dropout"),           # not a probability of dropping
+    ({"nic_gbit_per_gpu": float("nan")}, "nic_gbit_per_gpu"),
+    ({"num_experts": -1}, "num_experts"),
+    # Beyond any model: refused at once instead of building a billion layers' tensors.
+    ({"num_layers": 10**9}, "num_layers"),
+    ({"num_experts": 10**8, "moe_topk": 2, "ep": 4}, "num_experts"),
 ])
 def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
                                                     field: str) -> None:
@@ -323,3 +330,14 @@ def test_planner_takes_a_users_config_in_its_own_precision(tmp_path: Path,
                        gpu])
         err = capsys.readouterr().err.strip().splitlines()
         assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+@pytest.mark.parametrize("run", [DENSE, MOE], ids=["dense", "moe"])
+def test_stage_tensor_limit_counts_the_tensors_the_replay_builds(run: dict) -> None:
+    """`runspec`'s limit on a stage's weight tensors counts what `workload` builds per layer."""
+    r = run_from_dict(run)
+    w = sync_workload(r, link_profile(GPUS[r.gpu]))
+    layers = r.num_layers // r.pp
+    ops = stage_backward(w.model, w.layout, 1)  # the last stage; its loss has no tensors here
+    built = sum(len(op.grads) for op in ops if op.name.startswith("layer"))
+    assert built == layers * stage_tensors_per_layer(r)
