@@ -29,10 +29,19 @@ def config_args(name: str, configs_dir: Path = CONFIGS_DIR) -> list[str]:
     path = configs_dir / f"{name}.sh"
     if not path.is_file():
         raise ValueError(f"no launch config {name!r}; known: {config_names(configs_dir)}")
-    script = 'source "$1" && printf "%s\\n" "${CONFIG_ARGS[@]}"'
-    out = subprocess.run(["bash", "-c", script, "bash", str(path)], capture_output=True,
-                         text=True, check=True).stdout
-    return out.splitlines()
+    # NUL-separated, so an element may hold any character but NUL, as bash's own may.
+    script = ('source "$1" || exit\n'
+              '[[ "$(declare -p CONFIG_ARGS 2>/dev/null)" == "declare -a"* ]] || exit 99\n'
+              'for arg in "${CONFIG_ARGS[@]}"; do printf "%s\\0" "$arg"; done')
+    done = subprocess.run(["bash", "-c", script, "bash", str(path)], capture_output=True,
+                          text=True, errors="replace")
+    if done.returncode == 99:
+        raise ValueError(f"launch config {path} defines no CONFIG_ARGS array")
+    if done.returncode:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ValueError(f"launch config {path}: bash could not source it (exit "
+                         f"{done.returncode}): {said}")
+    return done.stdout.split("\0")[:-1]
 
 
 def world_size(name: str) -> int:

@@ -299,6 +299,11 @@ def main(argv: list[str] | None = None) -> list[Plan]:
                              a.nic_gbit_per_gpu is None or a.nic_gbit_per_gpu > 0)):
         if not ok:
             _fail(f"{flag} must be positive, got {value}")
+    if a.out_dir:  # before the search, which takes a while
+        try:
+            a.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _fail(f"--out-dir {a.out_dir}: {e.strerror}")
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu)
     except (ValueError, KeyError) as e:

@@ -38,6 +38,25 @@ def test_unknown_config_is_a_clear_error(tmp_path):
         load_config("new", tmp_path)
 
 
+@pytest.mark.parametrize("text,said", [
+    ("garbage\n", r"could not source it \(exit 127\): .*garbage: command not found"),
+    ("", "defines no CONFIG_ARGS array"),
+    ("CONFIG_ARGS='--num-layers 2'\n", "defines no CONFIG_ARGS array"),  # a string
+])
+def test_a_config_bash_cannot_read_is_a_one_line_error(tmp_path, text, said):
+    (tmp_path / "bad.sh").write_text(text)
+    with pytest.raises(ValueError, match=said) as e:
+        config_args("bad", tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_config_elements_keep_spaces_and_an_empty_array_is_empty(tmp_path):
+    (tmp_path / "odd.sh").write_text("CONFIG_ARGS=(--name 'two words' '')\n")
+    assert config_args("odd", tmp_path) == ["--name", "two words", ""]
+    (tmp_path / "none.sh").write_text("CONFIG_ARGS=()\n")
+    assert config_args("none", tmp_path) == []
+
+
 def _parameters(name: str) -> float:
     """Weights of a config's model, counted from its flags (biases and norms left out)."""
     m, vocab = load_config(name).model, load_config(name).data.vocab_size

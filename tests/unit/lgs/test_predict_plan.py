@@ -189,6 +189,7 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--global-batch", "0"], "--global-batch"), (["--nic-gbit-per-gpu", "0"], "--nic-gbit"),
     (["--gpus", "11"], "no layout of gpt-10b divides 11 GPUs"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
+    (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
 ])
 def test_planner_bad_input_is_one_line(extra: list[str], said: str,
                                        capsys: pytest.CaptureFixture) -> None:
@@ -197,6 +198,16 @@ def test_planner_bad_input_is_one_line(extra: list[str], said: str,
         plan_main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_planner_on_a_config_bash_cannot_source_is_one_line(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "mine.sh").write_text("CONFIG_ARGS=(\n  --num-layers 2\n")  # unclosed
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "8", "--hardware",
+                   "a100-80gb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "could not source it" in err[0], err
 
 
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
