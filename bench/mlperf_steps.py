@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("clones", nargs="+", type=Path, help="clones of training_results_vX.Y")
     ap.add_argument("--benchmark", default="gpt3")
     a = ap.parse_args(argv)
+    empty = [root for root in a.clones if not system_step_times(root, a.benchmark)]
+    for root in empty:
+        print(f"mlperf_steps: no timed {a.benchmark} results under {root} (expected "
+              f"SUBMITTER/results/SYSTEM/{a.benchmark}/result_*.txt)", file=sys.stderr)
+    if empty:
+        raise SystemExit(2)
     for root in a.clones:
         for name, s in system_step_times(root, a.benchmark).items():
             logged = (f"  trainer's median {s.logged_step_s:.4f} s of {s.logged_steps} steps"

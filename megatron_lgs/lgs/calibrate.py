@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -301,6 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     i = argv.index("--out")
     out = argv[i + 1]
     del argv[i:i + 2]
+    try:  # here, not after minutes of measuring
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--out {out}: {e.strerror}")
+    if Path(out).is_dir():
+        fail(f"--out {out} is a directory; give the profile's file name")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     platform = get_platform()
     cfg = parse_args(argv)  # a bad flag: one line, exit 2

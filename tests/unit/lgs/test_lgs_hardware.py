@@ -11,6 +11,7 @@ import pytest
 
 from megatron_lgs.arguments import parse_args
 from megatron_lgs.lgs.calibrate import fit_link, probe_overlap
+from megatron_lgs.lgs.calibrate import main as calibrate_main
 from megatron_lgs.lgs.costmodel import HardwareProfile, Link, reduce_scatter_time
 from megatron_lgs.lgs.hardware import (
     ProfileError,
@@ -192,3 +193,13 @@ def test_overlap_probe_tells_work_that_overlaps_from_work_that_competes(one_rank
                   comm_thread_setup=lambda: seen.append(threading.get_ident()))
     assert len(seen) == 8 and seen[1::2] == [-1] * 4
     assert threading.get_ident() not in seen
+
+
+@pytest.mark.parametrize("out,said", [("/proc/no/such/profile.json", "No such file"),
+                                      (".", "is a directory")])
+def test_calibrate_refuses_an_unwritable_out_before_measuring(out: str, said: str,
+                                                              capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        calibrate_main(["--out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and said in err[0], err

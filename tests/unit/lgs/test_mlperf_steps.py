@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 from mlperf_steps import (  # noqa: E402
     SystemSteps,
     logged_step_times,
+    main,
     mllog_events,
     system_step_times,
 )
@@ -106,3 +107,13 @@ def test_samples_count_logs_time_a_block_over_the_samples_it_trained(block_count
     assert block_step_times(log) == (pytest.approx([2.0, 1.5]), 4)
     cut = log.rsplit("\n", 2)[0]
     assert block_step_times(cut)[0] == pytest.approx([2.0])
+
+
+def test_a_clone_without_timed_results_is_an_error_not_silence(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture
+                                                               ) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and f"no timed gpt3 results under {tmp_path}" \
+        in err[0]
