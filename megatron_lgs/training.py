@@ -134,6 +134,12 @@ class Trainer:
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")
+        elif cfg.checkpoint.finetune:
+            raise ConfigError(f"--finetune: no checkpoint under --load {cfg.checkpoint.load} "
+                              "to take the weights from")
+        elif cfg.checkpoint.load:  # a requeued job's first start; a mistyped path says so here
+            print_rank_last(f" no checkpoint in {cfg.checkpoint.load} yet: starting from "
+                            "iteration 0")
         self.state.iterations_to_skip = sorted(
             set(self.state.iterations_to_skip) | set(cfg.training.iterations_to_skip))
         self.log.setup(self.model, self.optimizer, self.platform, self.dp_size,

@@ -174,6 +174,9 @@ def validate(cfg: Config) -> None:
     _validate_lgs(cfg)
     if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
+    if cfg.checkpoint.finetune and not cfg.checkpoint.load:
+        raise ConfigError("--finetune starts from the weights of the checkpoint under --load: "
+                          "give --load")
 
 
 def _validate_lgs(cfg: Config) -> None:

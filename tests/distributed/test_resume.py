@@ -62,3 +62,13 @@ def test_a_different_model_refuses_the_checkpoint_in_one_line(tiny, tmp_path):
                             str(save)], save_dir=save, expect_success=False)
     assert refused.returncode == 2
     assert "config fingerprint" in refused.stderr and "--finetune" in refused.stderr
+
+
+def test_finetune_from_a_folder_without_a_checkpoint_is_refused(tiny, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = run_pretrain([*tiny, "--train-iters", "2", "--finetune", "--load", str(empty)],
+                           save_dir=tmp_path / "ckpt", expect_success=False)
+    assert refused.returncode == 2
+    assert f"--finetune: no checkpoint under --load {empty}" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -30,6 +30,7 @@ def test_sbatch_trains_two_tasks_to_a_checkpoint_then_resumes(cluster, data_cach
     logs = "\n".join(p.read_text() for p in cluster.root.glob("job-*.out"))
     assert (state, code) == ("COMPLETED", "0:0"), logs[-4000:]
     assert "2 ranks on 1 node(s)" in logs and "x DP 2" in logs
+    assert f"no checkpoint in {save} yet: starting from iteration 0" in logs
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "4"
 
     state, code = cluster.sbatch("--ntasks=2", f"--output={out}",

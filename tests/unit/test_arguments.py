@@ -48,6 +48,7 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--optimizer", "sgd", "--use-distributed-optimizer"], 1, "supports only --optimizer adam"),
     (["--vocab-size", "100"], 1, "--vocab-size must be at least 257"),
     (["--loss-spike-action", "rollback", "--no-save"], 1, "needs --save"),
+    (["--finetune"], 1, "--finetune starts from the weights of the checkpoint under --load"),
     (["--async-save", "--no-save"], 1, "--async-save needs --save"),
     (["--lgs-compress", "int8", "--lgs-gpus-per-node", "2"], 1,
      "--lgs-gpus-per-node, --lgs-compress needs --lgs"),
