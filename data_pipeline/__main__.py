@@ -1,4 +1,4 @@
-"""``python -m data_pipeline {prepare,train-tokenizer}``.
+"""``python -m data_pipeline {prepare,train-tokenizer,verify}``.
 
 Errors in the input or the flags end the run with one ``error:`` line on stderr and a non-zero
 exit code (2 for flags, 1 for data), never a traceback.
@@ -16,7 +16,7 @@ from data_pipeline.executors import TaskFailed
 from data_pipeline.executors.local import LocalExecutor
 from data_pipeline.executors.slurm import SlurmExecutor, SlurmOptions
 from data_pipeline.ingest import IngestConfig, ingest
-from data_pipeline.manifest import DatasetError
+from data_pipeline.manifest import MANIFEST, DatasetError, file_sha256, load_manifest
 from data_pipeline.minhash import HASHES, VERIFY_MODES, MinHashConfig
 from data_pipeline.normalize import UNICODE_FORMS, WHITESPACE_MODES, FilterConfig, NormalizeConfig
 from data_pipeline.prepare import OUTPUT_FORMATS, PrepareConfig, prepare
@@ -108,7 +108,30 @@ def _parser() -> argparse.ArgumentParser:
     _add_input_flags(train)
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--output", required=True, type=Path, help="tokenizer.json to write")
+
+    check = sub.add_parser("verify", help="re-hash every shard of prepared datasets against "
+                                          "their manifest (reads every byte)")
+    check.add_argument("datasets", nargs="+", type=Path, metavar="DIR",
+                       help="`prepare` output directories")
     return parser
+
+
+def _verify(args: argparse.Namespace) -> None:
+    """The trainer checks each shard's size, index and offsets when it opens a dataset; bytes
+    changed in place (a bad copy, a failing disk) only a hash finds, so this reads them all
+    once, after a copy, and names every shard that differs."""
+    bad = []
+    for root in args.datasets:
+        manifest = load_manifest(root)
+        shards = manifest["shards"]
+        differ = [s["tar"] for s in shards if file_sha256(root / s["tar"]) != s["sha256"]]
+        bad += [f"{root / tar}" for tar in differ]
+        tokens = sum(s["tokens"] for s in shards)
+        print(f"{root}: {len(shards)} shards, {tokens} tokens, "
+              + (f"{len(differ)} differ from {MANIFEST}" if differ else "every sha256 matches"))
+    if bad:
+        raise DatasetError(f"sha256 differs from {MANIFEST} for {len(bad)} shard(s): "
+                           + ", ".join(bad))
 
 
 def _ingest_config(args: argparse.Namespace) -> IngestConfig:
@@ -172,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "prepare":
             _prepare(args)
+        elif args.command == "verify":
+            _verify(args)
         else:
             _train_tokenizer(args)
     except ValueError as exc:

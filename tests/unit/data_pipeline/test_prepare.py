@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -163,3 +164,21 @@ def test_bad_flags_one_line(argv, code, message, tmp_path, capsys):
     assert exit_info.value.code == code
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_verify_names_every_shard_changed_in_place(prepared, tmp_path, capsys):
+    assert main(["verify", str(prepared.output)]) == 0
+    assert "every sha256 matches" in capsys.readouterr().out
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared.output, copy)
+    tars = sorted(copy.glob("shard-*.tar"))
+    for tar in tars[:2]:  # same size, one byte different: the trainer's checks cannot see it
+        data = bytearray(tar.read_bytes())
+        data[1000] ^= 0xFF
+        tar.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", str(prepared.output), str(copy)])
+    captured = capsys.readouterr()
+    assert exc.value.code == 1
+    assert "2 differ from manifest.json" in captured.out
+    assert f"for 2 shard(s): {tars[0]}, {tars[1]}" in captured.err
