@@ -109,8 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--output", required=True, type=Path, help="tokenizer.json to write")
 
-    check = sub.add_parser("verify", help="re-hash every shard of prepared datasets against "
-                                          "their manifest (reads every byte)")
+    check = sub.add_parser("verify", help="re-hash every shard (and Megatron-format file) of "
+                                          "prepared datasets against their manifest")
     check.add_argument("datasets", nargs="+", type=Path, metavar="DIR",
                        help="`prepare` output directories")
     return parser
@@ -124,13 +124,18 @@ def _verify(args: argparse.Namespace) -> None:
     for root in args.datasets:
         manifest = load_manifest(root)
         shards = manifest["shards"]
-        differ = [s["tar"] for s in shards if file_sha256(root / s["tar"]) != s["sha256"]]
-        bad += [f"{root / tar}" for tar in differ]
+        files = {s["tar"]: s["sha256"] for s in shards}
+        # --output-format megatron: each domain's .bin and .idx, hashed when written.
+        files |= {f["file"]: f["sha256"] for d in manifest.get("megatron", {}).values()
+                  for f in d.values()}
+        differ = [name for name, digest in files.items()
+                  if not (root / name).is_file() or file_sha256(root / name) != digest]
+        bad += [f"{root / name}" for name in differ]
         tokens = sum(s["tokens"] for s in shards)
-        print(f"{root}: {len(shards)} shards, {tokens} tokens, "
+        print(f"{root}: {len(files)} files ({len(shards)} shards), {tokens} tokens, "
               + (f"{len(differ)} differ from {MANIFEST}" if differ else "every sha256 matches"))
     if bad:
-        raise DatasetError(f"sha256 differs from {MANIFEST} for {len(bad)} shard(s): "
+        raise DatasetError(f"sha256 differs from {MANIFEST} for {len(bad)} file(s): "
                            + ", ".join(bad))
 
 

@@ -54,8 +54,13 @@ def open_prefix(prefix: str | os.PathLike[str]) -> MegatronDocuments:
     dtype = np.dtype(data.index.dtype).newbyteorder("<")
     offsets = pointers[np.minimum(docs, len(pointers) - 1)] if len(pointers) else docs
     bin_path = Path(prefix + ".bin")
+    size = bin_path.stat().st_size
+    last = int((offsets + tokens * dtype.itemsize).max()) if len(docs) else 0
+    if last > size:  # megatron-core maps the .bin without checking it against the .idx
+        raise DatasetError(f"{bin_path}: {size} bytes, its .idx points to byte {last} "
+                           "(truncated, or not the .idx's .bin)")
     digest = hashlib.sha256(file_sha256(Path(prefix + ".idx")).encode())
-    digest.update(str(bin_path.stat().st_size).encode())
+    digest.update(str(size).encode())
     ours = Path(prefix).parent.parent / MANIFEST
     return MegatronDocuments(bin_path, offsets, tokens, dtype, digest.hexdigest(),
                              ours if ours.is_file() else None)

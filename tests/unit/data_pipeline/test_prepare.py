@@ -181,4 +181,4 @@ def test_verify_names_every_shard_changed_in_place(prepared, tmp_path, capsys):
     captured = capsys.readouterr()
     assert exc.value.code == 1
     assert "2 differ from manifest.json" in captured.out
-    assert f"for 2 shard(s): {tars[0]}, {tars[1]}" in captured.err
+    assert f"for 2 file(s): {tars[0]}, {tars[1]}" in captured.err

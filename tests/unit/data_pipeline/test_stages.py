@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from corpus_helpers import STAGED as FLAGS
 from corpus_helpers import VOCAB_SIZE, digests, prepare_corpus, write_bad_directory
 
 from data_pipeline.executors.local import LocalExecutor
-from data_pipeline.manifest import load_manifest
+from data_pipeline.manifest import DatasetError, load_manifest
 from data_pipeline.planted import planted_corpus
 from data_pipeline.prepare import DEDUP_REPORT, PrepareConfig, prepare, work_dir
 from data_pipeline.shard_reader import DocumentStore
@@ -182,6 +183,16 @@ def test_megatron_prefixes_hold_the_shards_documents(reference):
                    for j, d in enumerate(docs.tolist()))
 
 
+def test_a_truncated_megatron_bin_is_one_line(reference, tmp_path):
+    domain = load_manifest(reference.output)["domains"][0]
+    for ext in (".bin", ".idx"):
+        shutil.copy(reference.output / "megatron" / f"{domain}{ext}", tmp_path / f"d{ext}")
+    with open(tmp_path / "d.bin", "r+b") as f:  # megatron-core would map it and fail at a read
+        f.truncate(f.seek(0, 2) // 2)
+    with pytest.raises(DatasetError, match=r"d\.bin: \d+ bytes, its \.idx points to byte"):
+        DocumentStore([tmp_path / "d"])
+
+
 @pytest.mark.slow
 def test_bad_input_under_a_pool(tmp_path):
     expected = write_bad_directory(tmp_path / "bad")
@@ -201,3 +212,19 @@ def test_bad_input_under_a_pool(tmp_path):
     assert strict.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: {tmp_path / 'bad' / 'broken.jsonl'}:2: malformed_json")
     assert not (tmp_path / "strict").exists() and not work_dir(tmp_path / "strict").exists()
+
+
+def test_verify_hashes_the_megatron_files_too(reference, tmp_path, capsys):
+    from data_pipeline.__main__ import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(reference.output, copy)
+    assert main(["verify", str(copy)]) == 0
+    domain = load_manifest(copy)["domains"][0]
+    data = copy / "megatron" / f"{domain}.bin"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", str(copy)])
+    assert exc.value.code == 1 and f"for 1 file(s): {data}" in capsys.readouterr().err
