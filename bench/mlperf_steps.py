@@ -114,14 +114,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("clones", nargs="+", type=Path, help="clones of training_results_vX.Y")
     ap.add_argument("--benchmark", default="gpt3")
     a = ap.parse_args(argv)
-    empty = [root for root in a.clones if not system_step_times(root, a.benchmark)]
+    systems = {root: system_step_times(root, a.benchmark) for root in a.clones}
+    empty = [root for root, found in systems.items() if not found]
     for root in empty:
         print(f"mlperf_steps: no timed {a.benchmark} results under {root} (expected "
               f"SUBMITTER/results/SYSTEM/{a.benchmark}/result_*.txt)", file=sys.stderr)
     if empty:
         raise SystemExit(2)
-    for root in a.clones:
-        for name, s in system_step_times(root, a.benchmark).items():
+    for root, found in systems.items():
+        for name, s in found.items():
             logged = (f"  trainer's median {s.logged_step_s:.4f} s of {s.logged_steps} steps"
                       if s.logged_step_s is not None else "")
             print(f"{root.name:<22} {name:<48} global batch {s.batch:>5}  blocks {s.blocks:>3}  "

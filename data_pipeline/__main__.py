@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _verify(args: argparse.Namespace) -> None:
     """The trainer checks each shard's size, index and offsets when it opens a dataset; bytes
-    changed in place (a bad copy, a failing disk) only a hash finds, so this reads them all
-    once, after a copy, and names every shard that differs."""
+    changed in place (a bad copy, a failing disk) only a hash finds, so this reads every file
+    the manifest hashed once, after a copy, and names each that differs."""
     bad = []
     for root in args.datasets:
         manifest = load_manifest(root)
