@@ -177,6 +177,30 @@ def validate(cfg: Config) -> None:
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
         raise ConfigError("--finetune starts from the weights of the checkpoint under --load: "
                           "give --load")
+    _validate_output_dirs(cfg)
+
+
+def _validate_output_dirs(cfg: Config) -> None:
+    """A folder the run writes into must be one, or creatable: found here, not as a traceback
+    from the first write. Side-effect free: nothing is created."""
+    for flag, path in (("--save", cfg.checkpoint.save),
+                       ("--tensorboard-dir", cfg.logging.tensorboard_dir),
+                       ("--wandb-save-dir", cfg.logging.wandb_save_dir),
+                       ("--data-cache-dir",
+                        None if cfg.data.data_path else cfg.data.data_cache_dir),
+                       ("--lgs-trace-dir", cfg.lgs.lgs_trace_dir)):
+        if not path:
+            continue
+        target = os.path.abspath(path)
+        if os.path.exists(target) and not os.path.isdir(target):
+            raise ConfigError(f"{flag} {path}: exists and is not a directory")
+        parent = target
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise ConfigError(f"{flag} {path}: {parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: {parent} is not writable")
 
 
 def _validate_lgs(cfg: Config) -> None:

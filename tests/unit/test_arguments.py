@@ -109,3 +109,18 @@ def test_entry_point_fails_in_one_line_before_any_process_group(argv, env, messa
     assert lines == [lines[0]] and lines[0].startswith("pretrain_gpt.py: error: ")
     assert message in lines[0]
     assert "Traceback" not in stdout + stderr
+
+
+@pytest.mark.parametrize("flag", ["--save", "--tensorboard-dir", "--data-cache-dir"])
+def test_an_output_folder_that_cannot_be_one_is_refused_up_front(flag, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for path, said in ((afile, "exists and is not a directory"),
+                       (afile / "sub", f"{afile} is not a directory")):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args([flag, str(path)], world_size=1)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1 and said in err[0], err
+    fresh = tmp_path / "new" / "deeper"
+    parse_args([flag, str(fresh)], world_size=1)
+    assert not fresh.parent.exists()  # checked, not created
