@@ -47,9 +47,12 @@ def _add(group: argparse._ArgumentGroup, name: str, default: object, **kwargs: o
     group.add_argument(name, default=default, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
+TRAINER_PROG = "pretrain_gpt.py"
+
+
+def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
     p = _Parser(
-        prog="pretrain_gpt.py",
+        prog=prog,
         description="GPT pretraining on megatron-core. With no flags: a tiny GPT on the "
         "embedded corpus, on whatever this machine has.",
     )
@@ -342,9 +345,11 @@ def config_from_namespace(ns: argparse.Namespace, world_size: int) -> Config:
     )
 
 
-def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> Config:
-    """Parse and validate; on a bad flag print one line and exit with status 2."""
-    parser = build_parser()
+def parse_args(argv: list[str] | None = None, world_size: int | None = None,
+               prog: str = TRAINER_PROG) -> Config:
+    """Parse and validate; on a bad flag print one line, `prog: error: ...`, and exit with
+    status 2 (`prog`: the command whose flags these are)."""
+    parser = build_parser(prog)
     ns = parser.parse_args(argv)
     try:
         cfg = config_from_namespace(ns, world_size or world_size_from_env())
@@ -354,7 +359,7 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None) -> 
     return cfg
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, prog: str = TRAINER_PROG) -> NoReturn:
     """Stop the run with one clear line (for checks that need the platform, e.g. FP8 on CPU)."""
-    sys.stderr.write(f"pretrain_gpt.py: error: {message}\n")
+    sys.stderr.write(f"{prog}: error: {message}\n")
     raise SystemExit(2)

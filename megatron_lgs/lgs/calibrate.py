@@ -290,6 +290,9 @@ def job_levels(cfg, per_node: int) -> Levels:
                         per_node)[0]
 
 
+PROG = "python -m megatron_lgs.lgs.calibrate"
+
+
 def main(argv: list[str] | None = None) -> None:
     from megatron_lgs import initialize
     from megatron_lgs.arguments import fail, parse_args
@@ -298,19 +301,19 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
-        fail("usage: python -m megatron_lgs.lgs.calibrate --out PROFILE.json [trainer flags]")
+        fail(f"usage: {PROG} --out PROFILE.json [trainer flags]", PROG)
     i = argv.index("--out")
     out = argv[i + 1]
     del argv[i:i + 2]
     try:  # here, not after minutes of measuring
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        fail(f"--out {out}: {e.strerror}")
+        fail(f"--out {out}: {e.strerror}", PROG)
     if Path(out).is_dir():
-        fail(f"--out {out} is a directory; give the profile's file name")
+        fail(f"--out {out} is a directory; give the profile's file name", PROG)
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     platform = get_platform()
-    cfg = parse_args(argv)  # a bad flag: one line, exit 2
+    cfg = parse_args(argv, prog=PROG)  # a bad flag: one line, exit 2
     initialize.init_distributed(cfg, platform)
     initialize.set_seeds(cfg.training.seed)  # the probe model's dropout needs the RNG tracker
     per_node, _ = gpus_per_node(cfg.lgs.lgs_gpus_per_node)

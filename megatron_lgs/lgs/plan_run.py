@@ -110,7 +110,8 @@ def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
     name, cdir = _config_name(spec)
     argv = config_args(name, cdir)
     world = world_size(name) if cdir.resolve() == CONFIGS_DIR.resolve() else gpus
-    return trainer_run_fields(parse_args(argv, world_size=world), world)
+    cfg = parse_args(argv, world_size=world, prog=f"plan_run: launch config {spec}")
+    return trainer_run_fields(cfg, world)
 
 
 # The trainer's --fp8-recipe -> the model's: Megatron-LM's `tensorwise` is Transformer

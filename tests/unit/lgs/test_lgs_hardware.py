@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -195,11 +196,16 @@ def test_overlap_probe_tells_work_that_overlaps_from_work_that_competes(one_rank
     assert threading.get_ident() not in seen
 
 
-@pytest.mark.parametrize("out,said", [("/proc/no/such/profile.json", "No such file"),
-                                      (".", "is a directory")])
-def test_calibrate_refuses_an_unwritable_out_before_measuring(out: str, said: str,
-                                                              capsys) -> None:
+@pytest.mark.parametrize("argv,said", [
+    (["--out", "/proc/no/such/profile.json"], "No such file"),
+    (["--out", "."], "is a directory"),
+    (["--hidden-size"], "usage: python -m megatron_lgs.lgs.calibrate --out"),
+    (["--out", "{tmp}/p.json", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_calibrate_refuses_bad_input_before_measuring(argv: list[str], said: str, tmp_path: Path,
+                                                      capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        calibrate_main(["--out", out])
+        calibrate_main([a.format(tmp=tmp_path) for a in argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+    assert err[0].startswith("python -m megatron_lgs.lgs.calibrate: error: "), err

@@ -210,6 +210,18 @@ def test_planner_on_a_config_bash_cannot_source_is_one_line(tmp_path: Path,
     assert exc.value.code == 2 and len(err) == 1 and "could not source it" in err[0], err
 
 
+def test_planner_names_the_config_whose_flags_are_bad(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "mine.sh").write_text("CONFIG_ARGS=(--num-layers 2 --no-such-flag)\n")
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "8", "--hardware",
+                   "a100-80gb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"plan_run: launch config {tmp_path / 'mine.sh'}: error: "), err
+    assert "--no-such-flag" in err[0], err
+
+
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
     for gpu, said in (("h200", True), ("a100-80gb", False)):
         plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware", gpu,
