@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
-        fail(f"usage: {PROG} --out PROFILE.json [trainer flags]", PROG)
+        fail("--out PROFILE.json is required; the other flags are the trainer's", PROG)
     i = argv.index("--out")
     out = argv[i + 1]
     del argv[i:i + 2]

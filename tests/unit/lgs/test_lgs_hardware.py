@@ -199,7 +199,7 @@ def test_overlap_probe_tells_work_that_overlaps_from_work_that_competes(one_rank
 @pytest.mark.parametrize("argv,said", [
     (["--out", "/proc/no/such/profile.json"], "No such file"),
     (["--out", "."], "is a directory"),
-    (["--hidden-size"], "usage: python -m megatron_lgs.lgs.calibrate --out"),
+    (["--hidden-size"], "--out PROFILE.json is required"),
     (["--out", "{tmp}/p.json", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_calibrate_refuses_bad_input_before_measuring(argv: list[str], said: str, tmp_path: Path,
