@@ -213,8 +213,25 @@ MEGATRON_BRIDGE_405B_RUN = {
     "account_for_loss_in_pipeline_split": True}
 
 
+# Llama 3 8B (32 layers, hidden 4096, FFN 14336, 32 heads with 8 KV groups) on one DGX-H100,
+# FP8-CS, TP1 PP1 CP1, micro-batch 1, global batch 128 (16 micro-batches a step), the 70B's
+# common knobs: the table's FSDP column gives Megatron-FSDP (weights, gradients and optimizer
+# states sharded over the 8 GPUs); the recipe of the same commit full recompute of 5 layers by
+# the block method (`recompute_num_layers=5`, which utils/overrides.py turns into granularity
+# full, method block) and TP overlap off at TP 1. Without FSDP the model puts this layout over
+# the H100's memory, which agrees with the table. The same table's GPT OSS 120B is not a row:
+# every other layer attends over a 128-token window, with attention sinks, which the model
+# does not describe.
+MEGATRON_BRIDGE_8B_RUN = {
+    **MEGATRON_BRIDGE_RUN, "id": "bridge-llama3-8b-fp8", "num_gpus": 8, "num_layers": 32,
+    "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "tp": 1, "pp": 1, "vpp": 1, "zero": 3,
+    "recompute": "full", "recompute_num_layers": 5, "tp_comm_overlap": False}
+
+
 def megatron_bridge_rows() -> list[dict]:
-    return [{"source": MEGATRON_BRIDGE, "published": 1602.0, "metric": "tokens/s/GPU",
+    return [{"source": MEGATRON_BRIDGE, "published": 14451.0, "metric": "tokens/s/GPU",
+             "run": MEGATRON_BRIDGE_8B_RUN},
+            {"source": MEGATRON_BRIDGE, "published": 1602.0, "metric": "tokens/s/GPU",
              "run": MEGATRON_BRIDGE_RUN},
             {"source": MEGATRON_BRIDGE, "published": 292.0, "metric": "tokens/s/GPU",
              "run": MEGATRON_BRIDGE_405B_RUN},
