@@ -86,16 +86,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hardware", choices=[*sorted(PROFILES), "custom"], default="a100-hdr")
     ap.add_argument("--intra-bw-gbps", type=float, help="custom: intra bus bandwidth, GB/s")
     ap.add_argument("--inter-bw-gbps", type=float, help="custom: inter bus bandwidth, GB/s")
-    ap.add_argument("--intra-alpha-us", type=float, default=3.0)
-    ap.add_argument("--inter-alpha-us", type=float, default=15.0)
-    ap.add_argument("--peak-tflops", type=float, default=312.0)
-    ap.add_argument("--gpu-memory-gb", type=float, default=80.0)
+    ap.add_argument("--intra-alpha-us", type=float, help="custom: intra latency (default 3)")
+    ap.add_argument("--inter-alpha-us", type=float, help="custom: inter latency (default 15)")
+    ap.add_argument("--peak-tflops", type=float, help="custom: peak TFLOP/s (default 312)")
+    ap.add_argument("--gpu-memory-gb", type=float, help="custom: GPU memory (default 80)")
     ap.add_argument("--efficiency", type=float,
                     help="compute at this fraction of peak FLOP/s (default: the GPU's kernel "
                          "model; 0.5 on --hardware custom)")
     ap.add_argument("--grid-mb", default=",".join(map(str, GRID_MB)))
     ap.add_argument("--out-dir", type=Path, default=Path("lgs_sim_out"))
     return ap.parse_args(argv)
+
+
+# The flags that describe a --hardware custom profile -> `costmodel.custom`'s arguments.
+CUSTOM_FLAGS = {"--intra-bw-gbps": "intra_bw_GBps", "--inter-bw-gbps": "inter_bw_GBps",
+                "--intra-alpha-us": "intra_alpha_us", "--inter-alpha-us": "inter_alpha_us",
+                "--peak-tflops": "peak_tflops", "--gpu-memory-gb": "memory_GB"}
 
 
 def _workload(a: argparse.Namespace) -> Workload:
@@ -112,11 +118,16 @@ def _workload(a: argparse.Namespace) -> Workload:
     lay = replace(lay, **{k: getattr(a, k) for k in lay_keys if getattr(a, k) is not None})
     if a.distributed_optimizer:
         lay = replace(lay, distributed_optimizer=True)
+    given = {flag: getattr(a, flag[2:].replace("-", "_")) for flag in CUSTOM_FLAGS}
+    given = {flag: value for flag, value in given.items() if value is not None}
     if a.hardware == "custom":
         if a.intra_bw_gbps is None or a.inter_bw_gbps is None:
             raise ValueError("--hardware custom needs --intra-bw-gbps and --inter-bw-gbps")
-        hw = custom(a.intra_bw_gbps, a.inter_bw_gbps, a.intra_alpha_us, a.inter_alpha_us,
-                    lay.gpus_per_node, a.peak_tflops, a.gpu_memory_gb)
+        hw = custom(gpus_per_node=lay.gpus_per_node, **{
+            CUSTOM_FLAGS[flag]: value for flag, value in given.items()})
+    elif given:  # a named profile has its own constants: such a flag would change nothing
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
+                         f"only to --hardware custom; {a.hardware} has its own constants")
     else:
         hw = get_profile(a.hardware)
     return Workload(model, lay, hw, a.efficiency)
@@ -131,6 +142,10 @@ def main(argv: list[str] | None = None) -> GridResult:
         except ValueError:
             raise ValueError(f"--grid-mb takes comma-separated MB integers, got "
                              f"{a.grid_mb!r}") from None
+        try:  # before the sweep, not after it
+            a.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out-dir {a.out_dir}: {e.strerror}") from None
         r = sweep(w, grid)
     except ValueError as e:  # a layout or model the grid cannot simulate: one line, exit 2
         print(f"simulate: {e}", file=sys.stderr)
@@ -154,7 +169,6 @@ def main(argv: list[str] | None = None) -> GridResult:
           f"{wall.activation_bytes / 1e9:.1f} GB of {wall.memory_bytes / 1e9:.0f} GB -> largest "
           f"threshold {wall.largest_threshold_bytes / 1e9:.2f} GB "
           f"(grid: {'none fits' if top is None else f'{top // MB} MB'})")
-    a.out_dir.mkdir(parents=True, exist_ok=True)
     write_heatmap(list(r.predictions), grid, a.out_dir / "lgs_heatmap.png", a.preset)
     write_trace(b, a.out_dir / "lgs_best_trace.json")
     print(f"wrote {a.out_dir / 'lgs_heatmap.png'} and {a.out_dir / 'lgs_best_trace.json'}")

@@ -142,12 +142,17 @@ def test_cli_overrides_experts_and_query_groups(tmp_path) -> None:
     (["--tp", "0"], "Layout.tp"), (["--preset", "gpt-10b", "--tp", "3"], "tp 3 must divide"),
     (["--efficiency", "2"], "efficiency"), (["--grid-mb", "8,x"], "--grid-mb"),
     (["--hardware", "custom"], "--intra-bw-gbps"),
+    (["--peak-tflops", "500"], "--peak-tflops applies only to --hardware custom; a100-hdr"),
+    (["--hardware", "h100-ndr", "--intra-alpha-us", "1", "--inter-bw-gbps", "5"],
+     "--inter-bw-gbps, --intra-alpha-us apply only"),
+    (["--hardware", "custom", "--intra-bw-gbps", "100", "--inter-bw-gbps", "0"], "bandwidth"),
+    (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
     (["--num-layers", "7", "--pp", "2", "--preset", "gpt-10b"], "num_layers 7"),
 ])
 def test_cli_bad_input_is_one_line(argv: list[str], said: str, tmp_path,
                                    capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
-        main([*argv, "--out-dir", str(tmp_path)])
+        main(["--out-dir", str(tmp_path), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
 
