@@ -16,6 +16,7 @@ number is a prediction of the whole-step model (`stepmodel`).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -298,9 +299,10 @@ def main(argv: list[str] | None = None) -> list[Plan]:
                             ("--global-batch", a.global_batch,
                              a.global_batch is None or a.global_batch >= 1),
                             ("--nic-gbit-per-gpu", a.nic_gbit_per_gpu,
-                             a.nic_gbit_per_gpu is None or a.nic_gbit_per_gpu > 0)):
+                             a.nic_gbit_per_gpu is None
+                             or 0 < a.nic_gbit_per_gpu < math.inf)):
         if not ok:
-            _fail(f"{flag} must be positive, got {value}")
+            _fail(f"{flag} must be a finite positive number, got {value}")
     if a.out_dir:  # before the search, which takes a while
         try:
             a.out_dir.mkdir(parents=True, exist_ok=True)

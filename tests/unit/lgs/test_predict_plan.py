@@ -187,6 +187,7 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
 @pytest.mark.parametrize("extra,said", [
     (["--gpus", "0"], "--gpus"), (["--top", "0"], "--top"),
     (["--global-batch", "0"], "--global-batch"), (["--nic-gbit-per-gpu", "0"], "--nic-gbit"),
+    (["--nic-gbit-per-gpu", "inf"], "--nic-gbit"), (["--nic-gbit-per-gpu", "nan"], "--nic-gbit"),
     (["--gpus", "11"], "no layout of gpt-10b divides 11 GPUs"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
