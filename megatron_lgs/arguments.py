@@ -10,6 +10,7 @@ The defaults are the embedded run: a tiny GPT on the bundled corpus, small enoug
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import NoReturn
@@ -39,11 +40,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def finite_float(text: str) -> float:
+    """A float flag's value: NaN and infinities are refused, since no flag means them and
+    each would reach the run unchecked (a NaN compares false with every bound)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _add(group: argparse._ArgumentGroup, name: str, default: object, **kwargs: object) -> None:
     if isinstance(default, bool) and "action" not in kwargs:
         kwargs["action"] = "store_false" if default else "store_true"
     elif "type" not in kwargs and default is not None and "action" not in kwargs:
         kwargs["type"] = type(default)
+    if kwargs.get("type") is float:
+        kwargs["type"] = finite_float
     group.add_argument(name, default=default, **kwargs)
 
 
@@ -312,9 +324,10 @@ def _domain_weights(items: list[str]) -> tuple[tuple[str, float], ...]:
     for item in items:
         name, _, weight = item.partition("=")
         try:
-            pairs.append((name, float(weight)))
-        except ValueError:
-            raise ConfigError(f"--domain-weights takes DOMAIN=WEIGHT, got {item!r}") from None
+            pairs.append((name, finite_float(weight)))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise ConfigError(f"--domain-weights takes DOMAIN=WEIGHT, a finite weight, got "
+                              f"{item!r}") from None
     return tuple(pairs)
 
 

@@ -17,6 +17,7 @@ from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
 from megatron_lgs.lgs.workload import SplitError, layer_split, pipeline_split
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters
+from megatron_lgs.value_checks import check_data_path_weights, check_output_dirs, check_ranges
 
 
 def validate(cfg: Config) -> None:
@@ -117,6 +118,7 @@ def validate(cfg: Config) -> None:
                           "megatron-core 0.16.1")
     if o.overlap_param_gather and not o.distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+    check_ranges(cfg)
     _validate_zero(cfg)
     _validate_instances(cfg)
     _validate_fp32_reduce_scatter(cfg.optim)
@@ -154,6 +156,7 @@ def validate(cfg: Config) -> None:
     if any(w < 0 for _, w in dd.domain_weights) or \
             (dd.domain_weights and sum(w for _, w in dd.domain_weights) <= 0):
         raise ConfigError("--domain-weights must be non-negative and not all zero")
+    check_data_path_weights(dd.data_path)
     if dd.data_mix_interval < 1 or not 0 <= dd.data_mix_floor < 1 or \
             not 0 <= dd.data_mix_smoothing < 1 or dd.data_mix_eta <= 0:
         raise ConfigError("--data-mix-interval >= 1, --data-mix-eta > 0, and --data-mix-floor "
@@ -177,30 +180,7 @@ def validate(cfg: Config) -> None:
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
         raise ConfigError("--finetune starts from the weights of the checkpoint under --load: "
                           "give --load")
-    _validate_output_dirs(cfg)
-
-
-def _validate_output_dirs(cfg: Config) -> None:
-    """A folder the run writes into must be one, or creatable: found here, not as a traceback
-    from the first write. Side-effect free: nothing is created."""
-    for flag, path in (("--save", cfg.checkpoint.save),
-                       ("--tensorboard-dir", cfg.logging.tensorboard_dir),
-                       ("--wandb-save-dir", cfg.logging.wandb_save_dir),
-                       ("--data-cache-dir",
-                        None if cfg.data.data_path else cfg.data.data_cache_dir),
-                       ("--lgs-trace-dir", cfg.lgs.lgs_trace_dir)):
-        if not path:
-            continue
-        target = os.path.abspath(path)
-        if os.path.exists(target) and not os.path.isdir(target):
-            raise ConfigError(f"{flag} {path}: exists and is not a directory")
-        parent = target
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise ConfigError(f"{flag} {path}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"{flag} {path}: {parent} is not writable")
+    check_output_dirs(cfg)
 
 
 def _validate_lgs(cfg: Config) -> None:

@@ -80,6 +80,61 @@ def test_bad_combinations_are_rejected(argv, world, message, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def _float_flags() -> list[str]:
+    from megatron_lgs.arguments import build_parser, finite_float
+
+    return [a.option_strings[-1] for a in build_parser()._actions if a.type is finite_float]
+
+
+def test_every_float_flag_refuses_nan_and_infinity(capsys):
+    flags = _float_flags()
+    assert "--lr" in flags and "--hidden-dropout" in flags and len(flags) >= 30
+    for flag in flags:
+        for value in ("nan", "inf", "-inf"):
+            with pytest.raises(SystemExit) as exit_info:
+                parse_args([f"{flag}={value}"], world_size=1)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert exit_info.value.code == 2 and len(err) == 1, (flag, value, err)
+            assert f"argument {flag}: must be a finite number" in err[0], (flag, value, err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hidden-dropout", "1"], "--hidden-dropout must be in [0, 1)"),
+    (["--attention-dropout", "-0.1"], "--attention-dropout must be in [0, 1)"),
+    (["--init-method-std", "0"], "--init-method-std must be positive"),
+    (["--moe-aux-loss-coeff", "-1"], "--moe-aux-loss-coeff must be non-negative"),
+    (["--moe-z-loss-coeff", "-1"], "--moe-z-loss-coeff must be non-negative"),
+    (["--moe-expert-capacity-factor", "0"], "--moe-expert-capacity-factor must be positive"),
+    (["--min-lr=-1e-5", "--lr", "1e-3"], "--min-lr must be non-negative"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be non-negative"),
+    (["--clip-grad", "-1"], "--clip-grad must be non-negative"),
+    (["--adam-beta1", "1"], "--adam-beta1 must be in [0, 1)"),
+    (["--adam-beta2", "1.5"], "--adam-beta2 must be in [0, 1)"),
+    (["--adam-eps", "0"], "--adam-eps must be positive"),
+    (["--sgd-momentum", "-0.5"], "--sgd-momentum must be non-negative"),
+    (["--optimizer-offload-fraction", "1.5"], "--optimizer-offload-fraction must be in [0, 1]"),
+    (["--loss-scale", "-1"], "--loss-scale must be positive"),
+    (["--initial-loss-scale", "0"], "--initial-loss-scale must be positive"),
+    (["--min-loss-scale", "-1"], "--min-loss-scale must be positive"),
+    (["--domain-weights", "code=nan", "prose=1"], "a finite weight, got 'code=nan'"),
+    (["--data-path", "inf", "/a", "1", "/b"], "--data-path weights must be finite"),
+    (["--data-path", "-1", "/a", "1", "/b"], "--data-path weights must be finite, non-negative"),
+    (["--data-path", "x", "/a", "1", "/b"], "--data-path: 'x' is not a weight"),
+])
+def test_values_no_flag_means_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv, world_size=1)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_the_edges_of_each_range_are_accepted():
+    parse_args(["--hidden-dropout", "0", "--attention-dropout", "0.99", "--clip-grad", "0",
+                "--weight-decay", "0", "--min-lr", "0", "--adam-beta1", "0",
+                "--optimizer-offload-fraction", "1", "--moe-aux-loss-coeff", "0",
+                "--data-path", "0", "/a", "2", "/b"], world_size=1)
+
+
 def test_validate_raises_config_error_for_callers_that_build_configs():
     cfg = parse_args([], world_size=1)
     broken = type(cfg)(model=type(cfg.model)(num_attention_heads=5), parallel=cfg.parallel)
