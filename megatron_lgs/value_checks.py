@@ -14,9 +14,10 @@ from megatron_lgs.run_config import Config, ConfigError
 
 
 def check_ranges(cfg: Config) -> None:
-    """Values no flag means: torch would fail on them with a traceback from deep inside
-    (dropout, Adam's betas, a negative std), or the run would train the wrong way without a
-    word (a negative loss scale, clip or learning-rate floor flips or reverses the update)."""
+    """Values no flag means: torch fails on most of them with a traceback from deep inside,
+    after start-up (dropout, Adam's betas, weight decay, a negative std); others pass silently
+    (megatron-core clips only when --clip-grad > 0, so -1 trained without clipping; a
+    negative --min-lr lets the schedule's learning rate go below zero)."""
     m, o, pr = cfg.model, cfg.optim, cfg.precision
     rules = (
         ("--hidden-dropout", m.hidden_dropout, 0 <= m.hidden_dropout < 1, "in [0, 1)"),
