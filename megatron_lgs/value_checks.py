@@ -14,10 +14,10 @@ from megatron_lgs.run_config import Config, ConfigError
 
 
 def check_ranges(cfg: Config) -> None:
-    """Values no flag means: torch fails on most of them with a traceback from deep inside,
-    after start-up (dropout, Adam's betas, weight decay, a negative std); others pass silently
-    (megatron-core clips only when --clip-grad > 0, so -1 trained without clipping; a
-    negative --min-lr lets the schedule's learning rate go below zero)."""
+    """Values no flag means: torch or megatron-core fails on most of them after start-up, with
+    a traceback from deep inside (dropout, Adam's betas, weight decay, a negative std or
+    --min-lr); others pass silently (megatron-core clips only when --clip-grad > 0, so -1
+    trained without clipping)."""
     m, o, pr = cfg.model, cfg.optim, cfg.precision
     rules = (
         ("--hidden-dropout", m.hidden_dropout, 0 <= m.hidden_dropout < 1, "in [0, 1)"),
