@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -105,8 +106,8 @@ def _check(args: argparse.Namespace) -> Sampling:
     if args.temperature is None and (args.top_k or args.top_p != 1.0):
         raise ConvertError("--top-k and --top-p shape sampling: give --temperature too "
                            "(without it decoding is greedy)")
-    if args.temperature is not None and args.temperature <= 0:
-        raise ConvertError(f"--temperature must be > 0, got {args.temperature}")
+    if args.temperature is not None and not 0 < args.temperature < math.inf:
+        raise ConvertError(f"--temperature must be finite and > 0, got {args.temperature}")
     if args.top_k < 0 or not 0.0 < args.top_p <= 1.0:
         raise ConvertError("--top-k must be >= 0 and --top-p in (0, 1]")
     return Sampling(args.temperature, args.top_k, args.top_p, args.seed)

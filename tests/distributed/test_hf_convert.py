@@ -299,6 +299,10 @@ def test_bad_input_one_line_nothing_written(runs, exported, tmp_path, capsys):
         capsys, convert_cli, ["to-hf", str(not_ours), str(out)])
     assert "not a megatron-lgs checkpoint" in _refused(
         capsys, gen, [str(not_ours), "--prompt", "x", "--max-new-tokens", "2"])
+    for temperature in ("nan", "inf", "0"):  # checked before the checkpoint is read
+        assert "--temperature must be finite and > 0" in _refused(
+            capsys, gen, [str(not_ours), "--prompt", "x", "--max-new-tokens", "2",
+                          "--temperature", temperature])
 
     truncated = tmp_path / "truncated"
     shutil.copytree(exported["gpt2"], truncated)
