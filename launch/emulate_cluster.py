@@ -47,6 +47,7 @@ Python API (tests and benchmarks):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 import shutil
@@ -447,8 +448,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         raise SystemExit(_usage_error(f"--nodes must be >= 2, got {args.nodes}"))
     if args.gpus_per_node < 1:
         raise SystemExit(_usage_error(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}"))
-    if not args.inter_gbit > 0:
-        raise SystemExit(_usage_error(f"--inter-gbit must be > 0, got {args.inter_gbit}"))
+    if not 0 < args.inter_gbit < math.inf:
+        raise SystemExit(_usage_error(f"--inter-gbit must be finite and > 0, got "
+                                      f"{args.inter_gbit}"))
+    if not 0 <= args.failure_timeout < math.inf:
+        raise SystemExit(_usage_error(f"--failure-timeout must be finite and >= 0, got "
+                                      f"{args.failure_timeout}"))
     return args, command
 
 
