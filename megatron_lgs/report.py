@@ -71,7 +71,10 @@ def series(records: list[dict], event: str, field: str) -> dict[str, list[tuple[
 
 def render(run_dir: Path, out_dir: Path) -> list[str]:
     records = read_records(run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"report: error: --out {out_dir}: {e.strerror}") from None
     lines = [f"# Run report: {run_dir}", ""]
     train = series(records, "train", "loss").get("loss", [])
     valid = series(records, "valid", "loss").get("loss", [])
