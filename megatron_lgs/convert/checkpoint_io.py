@@ -37,6 +37,10 @@ def into_place(out: Path) -> Iterator[Path]:
     """Yield OUT.partial to write into; rename it to `out` (absent or empty) only when the
     block completes, and leave nothing behind when it does not."""
     partial = out.with_name(out.name + ".partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConvertError(f"{out}: cannot create {out.parent}: {e.strerror}") from None
     shutil.rmtree(partial, ignore_errors=True)
     try:
         yield partial

@@ -22,8 +22,17 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def check_target(out: Path) -> None:
+    """`out` must be absent or an empty folder, in a folder this process can write (its
+    OUT.partial sibling is written first), before any weights are read."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConvertError(f"{out} exists and is not an empty directory; refusing to overwrite")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConvertError(f"{out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConvertError(f"{out}: {parent} is not writable")
 
 
 def run_tokenizer(directory: Path) -> Tokenizer:

@@ -299,6 +299,10 @@ def test_bad_input_one_line_nothing_written(runs, exported, tmp_path, capsys):
         capsys, convert_cli, ["to-hf", str(not_ours), str(out)])
     assert "not a megatron-lgs checkpoint" in _refused(
         capsys, gen, [str(not_ours), "--prompt", "x", "--max-new-tokens", "2"])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert f"{a_file} is not a directory" in _refused(
+        capsys, convert_cli, ["to-hf", str(runs["gpt2"]), str(a_file / "out")])
     for temperature in ("nan", "inf", "0"):  # checked before the checkpoint is read
         assert "--temperature must be finite and > 0" in _refused(
             capsys, gen, [str(not_ours), "--prompt", "x", "--max-new-tokens", "2",
