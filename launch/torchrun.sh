@@ -9,6 +9,10 @@ config="${1:?usage: launch/torchrun.sh CONFIG [pretrain_gpt.py flags]}"
 shift
 config_file="$here/configs/$config.sh"
 [[ -f "$config_file" ]] || { echo "launch/torchrun.sh: no config '$config' in $here/configs" >&2; exit 2; }
+# torchrun's own values for --nproc-per-node: a count, or auto / cpu / gpu.
+[[ "${NPROC:-1}" =~ ^([1-9][0-9]*|auto|cpu|gpu)$ ]] || {
+  echo "launch/torchrun.sh: NPROC must be a process count or auto, cpu, gpu; got '$NPROC'" >&2
+  exit 2; }
 # shellcheck source=/dev/null
 source "$config_file"
 PYTHON="${PYTHON:-$here/../.venv/bin/python}"

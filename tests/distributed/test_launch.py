@@ -27,3 +27,12 @@ def test_unknown_config_is_one_clear_line():
     proc = subprocess.run(["launch/torchrun.sh", "no-such-config"], cwd=REPO, env=_base_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no config 'no-such-config'" in proc.stderr
+
+
+@pytest.mark.parametrize("nproc", ["x", "0", "-2", "2.5"])
+def test_a_bad_process_count_is_one_clear_line(nproc):
+    proc = subprocess.run(["launch/torchrun.sh", "tiny-cpu"], cwd=REPO,
+                          env={**_base_env(), "NPROC": nproc}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"launch/torchrun.sh: NPROC must be a process count or auto, cpu, gpu; got '{nproc}'"]
