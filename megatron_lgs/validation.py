@@ -17,7 +17,7 @@ from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
 from megatron_lgs.lgs.workload import SplitError, layer_split, pipeline_split
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters
-from megatron_lgs.value_checks import check_data_path_weights, check_output_dirs, check_ranges
+from megatron_lgs.value_checks import check_blend_weights, check_output_dirs, check_ranges
 
 
 def validate(cfg: Config) -> None:
@@ -153,10 +153,7 @@ def validate(cfg: Config) -> None:
     if dd.data_path and len(dd.data_path) > 1 and dd.data_mix == "dynamic":
         raise ConfigError("--data-mix dynamic mixes domains: use --data-path DIR with "
                           "--domain-weights")
-    if any(w < 0 for _, w in dd.domain_weights) or \
-            (dd.domain_weights and sum(w for _, w in dd.domain_weights) <= 0):
-        raise ConfigError("--domain-weights must be non-negative and not all zero")
-    check_data_path_weights(dd.data_path)
+    check_blend_weights(dd.domain_weights, dd.data_path)
     if dd.data_mix_interval < 1 or not 0 <= dd.data_mix_floor < 1 or \
             not 0 <= dd.data_mix_smoothing < 1 or dd.data_mix_eta <= 0:
         raise ConfigError("--data-mix-interval >= 1, --data-mix-eta > 0, and --data-mix-floor "

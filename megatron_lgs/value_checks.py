@@ -59,26 +59,39 @@ def check_output_dirs(cfg: Config) -> None:
                        ("--lgs-trace-dir", cfg.lgs.lgs_trace_dir)):
         if not path:
             continue
-        target = os.path.abspath(path)
-        if os.path.exists(target) and not os.path.isdir(target):
+        if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"{flag} {path}: exists and is not a directory")
-        parent = target
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise ConfigError(f"{flag} {path}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"{flag} {path}: {parent} is not writable")
+        problem = unwritable_parent(path)
+        if problem:
+            raise ConfigError(f"{flag} {path}: {problem}")
 
 
-def check_data_path_weights(data_path: Sequence[str]) -> None:
-    """--data-path W1 DIR1 W2 DIR2 ...: its weights, here, not after the process groups start."""
-    if len(data_path) < 2:
+def unwritable_parent(path: str | os.PathLike[str]) -> str | None:
+    """Why a folder at `path` could not be made by this process, judged on its nearest
+    existing ancestor (nothing is created), or None."""
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+def check_blend_weights(domain_weights: Sequence[tuple[str, float]],
+                        data_path: Sequence[str]) -> None:
+    """The weights of a blend, --domain-weights or --data-path W1 DIR1 W2 DIR2 ..., here, not
+    after the process groups start: finite, non-negative, not all zero."""
+    if domain_weights:
+        flag, weights = "--domain-weights", [w for _, w in domain_weights]
+    elif len(data_path) > 1:
+        try:
+            flag, weights = "--data-path", [w for w, _ in parse_data_path(data_path)]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    else:
         return
-    try:
-        weights = [w for w, _ in parse_data_path(data_path)]
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
-        raise ConfigError(f"--data-path weights must be finite, non-negative and not all zero, "
+        raise ConfigError(f"the {flag} weights must be finite, non-negative and not all zero, "
                           f"got {weights}")

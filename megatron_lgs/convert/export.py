@@ -17,6 +17,7 @@ from data_pipeline.tokenizer import EOD_TOKEN
 from megatron_lgs import model_record
 from megatron_lgs.convert import checkpoint_io, hf_mapping
 from megatron_lgs.convert.errors import ConvertError
+from megatron_lgs.value_checks import unwritable_parent
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -26,13 +27,9 @@ def check_target(out: Path) -> None:
     OUT.partial sibling is written first), before any weights are read."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConvertError(f"{out} exists and is not an empty directory; refusing to overwrite")
-    parent = out.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConvertError(f"{out}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConvertError(f"{out}: {parent} is not writable")
+    problem = unwritable_parent(out)
+    if problem:
+        raise ConvertError(f"{out}: {problem}")
 
 
 def run_tokenizer(directory: Path) -> Tokenizer:
