@@ -1,15 +1,15 @@
 """Whole-step model against training runs published with their layout and throughput.
 
 Every row cites its source (the data, with the software of the time stated per source, is
-`published_rows.py` and `mlperf_rows.py`). The model's inputs are the published layout plus
-that software; where a source leaves a knob out (micro-batch size, virtual stages) the row says
-what was assumed.
+`published_rows.py`, `mlperf_rows.py` and `dgxc_rows.py`). The model's inputs are the
+published layout plus that software; where a source leaves a knob out (micro-batch size,
+virtual stages) the row says what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
-time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge; MLPerf's step times)
-where the source gives that. Offline, pure Python:
+time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge; the step times of MLPerf
+and of NVIDIA's DGX Cloud recipes) where the source gives that. Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -33,6 +33,7 @@ from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dgxc_rows import dgxc_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
@@ -61,7 +62,7 @@ def published_rows() -> list[dict]:
     """The table's rows, source by source."""
     return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
             + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
-            + mlperf_rows() + mlperf_llama_rows())
+            + mlperf_rows() + mlperf_llama_rows() + dgxc_rows())
 
 
 def _vpp_choices(run: Run) -> list[int]:
@@ -263,6 +264,25 @@ def summary(label: str, errors: list[float]) -> str:
             f"{sum(e <= 0.20 for e in errors)} within 20%")
 
 
+def precision_pairs(out: list[dict]) -> None:
+    """The rows published in both precisions with everything else the same (the DGX Cloud
+    recipes): how much faster FP8 ran than BF16, against how much faster the model says."""
+    rows = {row["run"]["id"]: row for row in out}
+    pairs = [(rows[i], rows[i.replace("-bf16-", "-fp8-")]) for i in rows
+             if i.startswith("dgxc-") and "-bf16-" in i]
+    print("\n## FP8 against BF16, the same recipe and GPUs (the DGX Cloud rows): step time BF16 "
+          "/ FP8, published and predicted")
+    ratios = []
+    for bf16, fp8 in pairs:
+        pub = bf16["step_time_published_s"] / fp8["step_time_published_s"]
+        pred = bf16["step_time_s"] / fp8["step_time_s"]
+        ratios.append(pred / pub - 1)
+        print(f"{fp8['run']['id']:<26} published {pub:.2f}x  predicted {pred:.2f}x  "
+              f"({pred / pub - 1:+.1%})")
+    print(f"the model's FP8 gain over BF16 is larger than published by a median "
+          f"{statistics.median(ratios):+.1%} ({min(ratios):+.1%} to {max(ratios):+.1%})")
+
+
 def main(argv: list[str] | None = None) -> list[float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="also write the rows and predictions here")
@@ -286,7 +306,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         print(f"{r.id:<26} {lay:<23} {_num(row['published']):>9} {_num(value):>9} {err:>+7.1%} "
               f"{est.step_time_s:>7.2f} {est.memory.peak_bytes / 1e9:>6.1f}{fit or ' '}  "
               f"{dominant_terms(est)}")
-        out.append({**row, "predicted": value, "relative_error": err,
+        out.append({**row, "predicted": value, "relative_error": err, "precision": r.precision,
                     "vpp_used": r.vpp, "micro_batch_used": r.micro_batch,
                     "error_by_micro_batch": {
                         mbs: (metric(row, e) / row["published"] - 1, e.fits_memory)
@@ -298,6 +318,12 @@ def main(argv: list[str] | None = None) -> list[float]:
     for gpu in sorted({row["run"]["gpu"] for row in out}):
         print(summary(f"  {gpu} rows", [abs(row["relative_error"]) for row in out
                                          if row["run"]["gpu"] == gpu]))
+        precisions = sorted({row["precision"] for row in out if row["run"]["gpu"] == gpu})
+        for precision in precisions if len(precisions) > 1 else ():
+            print(summary(f"    {precision}", [abs(row["relative_error"]) for row in out if
+                                              (row["run"]["gpu"], row["precision"])
+                                              == (gpu, precision)]))
+    precision_pairs(out)
     micro_batch_sensitivity(out)
     for pattern, label in MLPERF_FITS.items():
         per_micro_batch_fit(out, pattern, label)

@@ -20,8 +20,9 @@ generations of Megatron the published runs used (every byte count is per paramet
   by dp and copies them back (3 x 2 x 2 bytes; PyTorch DDP's bucket copy in, division and copy
   out are the same passes).
 - The optimizer, on this GPU's shard: the gradient norm reads the FP32 grads (4); FusedAdam
-  reads grad, master, two moments and writes master and moments (28); the copy of the
-  master to the BF16/FP16 weights reads 4 and writes 2: 38 bytes. FP16 adds the loss scale's
+  reads the grad and reads and writes its state, master and moments (4 + 2 x 12, or 2 x the
+  run's `optimizer_state_bytes`); the copy of the master to the BF16/FP16 weights reads 4 and
+  writes 2: 38 bytes with Megatron's FP32 state. FP16 adds the loss scale's
   unscale-and-inf-check pass over the FP32 grads (read + write, 8,
   `_unscale_main_grads_and_check_for_nan`); without the grad buffer the FP16 grads are first
   cast into FP32 main grads (read 2, write 4, `_copy_model_grads_to_main_grads`).
@@ -33,7 +34,7 @@ from megatron_lgs.lgs.runspec import Run
 from megatron_lgs.lgs.stepmemory import grad_bytes
 
 MODEL_GRAD_BYTES = 2  # the gradient autograd produces: BF16 / FP16
-ADAM_STEP_BYTES = 4 + 28 + 6  # grad norm, FusedAdam, master -> model weights copy
+ADAM_STEP_BYTES = 4 + 4 + 6  # grad norm, FusedAdam's grad read, master -> model weights copy
 FP16_UNSCALE_BYTES = 8
 FP32_CAST_BYTES = 2 + 4
 
@@ -60,7 +61,7 @@ def step_bytes(r: Run, local_params: float) -> float:
 
 def optimizer_bytes_per_param(r: Run) -> float:
     """HBM bytes per parameter of the optimizer's own shard."""
-    n = ADAM_STEP_BYTES
+    n = ADAM_STEP_BYTES + 2 * r.optimizer_state_bytes
     if r.precision == "fp16":
         n += FP16_UNSCALE_BYTES
     if not r.grad_buffer:

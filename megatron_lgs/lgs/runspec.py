@@ -50,7 +50,12 @@ recomputed); see `layercost` and `stepmemory`), and moe_dispatcher (alltoall: me
 all-to-all dispatcher over NCCL, one copy of a token per routed expert; flex: its flex
 dispatcher with DeepEP's or HybridEP's kernels, one copy per GPU and across nodes one per node,
 `moecost.flex_dispatch_time`, modelled with etp 1; megatron-core's allgather dispatcher is not
-modelled).
+modelled), and optimizer_state_bytes (12: the bytes a parameter of the optimizer's own shard
+keeps, Megatron's FP32 main weight and two FP32 Adam moments; NeMo 1's distributed_fused_adam,
+Apex's DistributedFusedAdam, keeps 10 with its FP32 default beside BF16 weights, the main
+weights' low 16 bits only (`store_param_remainders`), 4 with `dtype: bf16` and BF16 weights
+(BF16 moments; the weights serve as main), 6 with `dtype: bf16` and FP8 weights (a BF16 main
+copy), 12 with FP32 and FP8 weights; see `stepmemory` and `gradbuffer`).
 """
 
 from __future__ import annotations
@@ -134,6 +139,7 @@ class Run:
     dropout: float = 0.1
     recompute_modules: tuple[str, ...] = ("core_attn",)
     moe_dispatcher: str = "alltoall"
+    optimizer_state_bytes: int = 12
 
     def __post_init__(self) -> None:
         if not self.head_dim:

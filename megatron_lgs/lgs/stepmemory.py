@@ -2,7 +2,8 @@
 
 States per parameter of the heaviest stage: BF16/FP16 weights (2 B), gradient buffer (4 B FP32
 with BF16/FP8 unless `grad_reduce_in_fp32` is off; 2 B with FP16), Adam's FP32 master weights
-and two moments (12 B); ZeRO 1 shards the 12 B over the (expert-)data-parallel group, ZeRO 2
+and two moments (12 B, or the run's `optimizer_state_bytes`); ZeRO 1 shards them over the
+(expert-)data-parallel group, ZeRO 2
 the gradients too, ZeRO 3 the weights too. FP8 runs keep 2 B a weight too when the weights are
 FP8 parameters (1 B data + 1 B transpose; Megatron-Bridge's FP8 recipes set
 `fp8_param_gather`); with BF16 weights (`fp8_params` false, this trainer's only form)
@@ -62,7 +63,7 @@ def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     if r.precision == "fp8" and not r.fp8_params:
         weights += 2 * params  # TE's cached FP8 weight and transpose, every local layer
     grads = grad_bytes(r) * (sharded if r.zero >= 2 else params)
-    optim = 12 * (sharded if r.zero >= 1 else params)
+    optim = r.optimizer_state_bytes * (sharded if r.zero >= 1 else params)
     return weights + grads + optim
 
 

@@ -97,6 +97,7 @@ def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture
     ({"dropout": 1.0}, "dropout"),           # not a probability of dropping
     ({"nic_gbit_per_gpu": float("nan")}, "nic_gbit_per_gpu"),
     ({"num_experts": -1}, "num_experts"),
+    ({"optimizer_state_bytes": 0}, "optimizer_state_bytes"),
     # Beyond any model: refused at once instead of building a billion layers' tensors.
     ({"num_layers": 10**9}, "num_layers"),
     ({"num_experts": 10**8, "moe_topk": 2, "ep": 4}, "num_experts"),
@@ -270,6 +271,11 @@ def test_published_rows_cite_and_validate() -> None:
             if row["run"]["gpu"] == "h100-sxm"]
     assert f"{sum(e > 0 for e in h100)} of the {len(h100)} published H100 runs" in HOPPER_CAVEAT
     assert f"a median {round(100 * statistics.median(map(abs, h100)))}%" in HOPPER_CAVEAT
+    by_precision = {p: round(100 * statistics.median(
+        abs(predicted(row)[0] / row["published"] - 1) for row in rows
+        if row["run"]["gpu"] == "h100-sxm" and run_from_dict(row["run"]).precision == p))
+        for p in ("bf16", "fp8")}
+    assert f"(BF16 {by_precision['bf16']}%, FP8 {by_precision['fp8']}%)" in HOPPER_CAVEAT
     h200 = [predicted(row)[0] / row["published"] - 1 for row in rows
             if row["run"]["gpu"] == "h200"]
     assert all(e > 0 for e in h200)
@@ -319,6 +325,10 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     assert ranked and f"orders {ranked.group(1)} pairs" in HOPPER_CAVEAT
     # ... and the fixed cost a step that each of MLPerf's per-micro-batch fits shows the model
     # lacks, to 10 ms.
+    gain = re.search(r"FP8 gain over BF16 is larger than published by a median \S+ "
+                     r"\(\+([\d.]+)% to \+([\d.]+)%\)", out)
+    assert gain and (f"gained {round(float(gain.group(1)))}-{round(float(gain.group(2)))}% "
+                     "less from FP8") in HOPPER_CAVEAT
     gaps = re.findall(r"intercept ([+-]\d+) ms\)", out)
     assert len(gaps) == len(MLPERF_FITS)
     for gap in gaps:

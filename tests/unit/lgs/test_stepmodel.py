@@ -216,6 +216,9 @@ def test_memory_by_hand_and_params_match_workload() -> None:
     bf16_grads = replace(r, grad_reduce_in_fp32=False)
     assert states_bytes(bf16_grads, dense, expert) == pytest.approx(1e9 * (2 + 2 + 12))
     assert states_bytes(replace(r, zero=1), dense, expert) == pytest.approx(1e9 * (6 + 12 / 8))
+    # Apex's DistributedFusedAdam with BF16 state (NeMo 1's `dtype: bf16`): 4 B a parameter.
+    assert states_bytes(replace(r, zero=1, optimizer_state_bytes=4), dense, expert) == (
+        pytest.approx(1e9 * (6 + 4 / 8)))
     # FP8: FP8 parameters hold 2 B a weight (data and transpose); BF16 weights keep TE's cached
     # FP8 copy and transpose beside them, 2 B more.
     fp8 = replace(r, precision="fp8")

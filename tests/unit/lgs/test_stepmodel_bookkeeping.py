@@ -99,6 +99,8 @@ def test_step_passes_and_optimizer_bytes_by_hand() -> None:
     assert optimizer_bytes_per_param(r) == 38
     assert optimizer_bytes_per_param(replace(r, precision="fp16")) == 46
     assert optimizer_bytes_per_param(old) == 52
+    # FusedAdam reads and writes the state it keeps: 10 B (BF16 weights' FP32 remainders) saves 4.
+    assert optimizer_bytes_per_param(replace(r, optimizer_state_bytes=10)) == 34
     # In the step: one stage, the optimizer on the dp shard, the buffer passes on all of it.
     est = predict_run(r)
     dense = stage_params(r)[0][0]
