@@ -46,14 +46,15 @@ def _size(path: Path) -> int:
 
 
 def main() -> None:
-    bench = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = argparse.ArgumentParser(prog=Path(__file__).name,
+                                     description=__doc__.splitlines()[0])
     bench.add_argument("--rounds", type=int, default=5)
     bench.add_argument("--steps", type=int, default=8, help="steps per block (K)")
     args, trainer_argv = bench.parse_known_args()
     root = Path(tempfile.mkdtemp(prefix="async-save-bench-"))
     try:
         cfg = parse_args([*MODEL, *trainer_argv, "--save", str(root / "async"), "--async-save",
-                          "--train-iters", "1000000"])
+                          "--train-iters", "1000000"], prog=bench.prog)
         trainer = Trainer(cfg, pretrain_gpt.model_provider, pretrain_gpt.forward_step,
                           pretrain_gpt.datasets_provider)
         sync_cfg = dataclasses.replace(cfg.checkpoint, save=str(root / "sync"))

@@ -29,11 +29,12 @@ from megatron_lgs.training import Trainer  # noqa: E402
 
 
 def main() -> None:
-    bench = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = argparse.ArgumentParser(prog=Path(__file__).name,
+                                     description=__doc__.splitlines()[0])
     bench.add_argument("--blocks", type=int, default=8)
     bench.add_argument("--block-steps", type=int, default=10)
     args, trainer_argv = bench.parse_known_args()
-    cfg = parse_args([*trainer_argv, "--no-save", "--train-iters", "100000"])
+    cfg = parse_args([*trainer_argv, "--no-save", "--train-iters", "100000"], prog=bench.prog)
     trainer = Trainer(cfg, pretrain_gpt.model_provider, pretrain_gpt.forward_step,
                       pretrain_gpt.datasets_provider)
 

@@ -116,12 +116,14 @@ def modelled(trainer: Trainer, profile: str | None) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=Path(__file__).name,
+                                  description=__doc__.splitlines()[0])
     ap.add_argument("--skip", type=int, default=3, help="steps before profiling (default 3)")
     ap.add_argument("--steps", type=int, default=3, help="steps profiled (default 3)")
     ap.add_argument("--json", type=Path)
     a, trainer_argv = ap.parse_known_args(argv)
-    cfg = parse_args([*trainer_argv, "--no-save", "--train-iters", str(a.skip + a.steps)])
+    cfg = parse_args([*trainer_argv, "--no-save", "--train-iters", str(a.skip + a.steps)],
+                     prog=ap.prog)
     trainer = Trainer(cfg, pretrain_gpt.model_provider, pretrain_gpt.forward_step,
                       pretrain_gpt.datasets_provider)
     out = profile_steps(trainer, a.skip, a.steps)

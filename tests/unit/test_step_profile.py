@@ -64,3 +64,15 @@ def test_the_model_beside_it_reads_the_trainers_config() -> None:
     m = modelled(bf16, "h200")
     assert m["profile"] == "h200" and m["step_s"] == pytest.approx(sum(m["breakdown_s"].values()))
     assert m["breakdown_s"]["attention"] > 0 and modelled(fp32, "h200") is None
+
+
+def test_a_bad_trainer_flag_names_the_bench(capsys: pytest.CaptureFixture) -> None:
+    """Trainer flags given to the bench are checked before anything starts, and the one-line
+    error names the command the user ran, not pretrain_gpt.py."""
+    from step_profile import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--steps", "1", "--num-layerz", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1
+    assert err[0] == "step_profile.py: error: unrecognized arguments: --num-layerz 2"
