@@ -19,10 +19,10 @@ DGXC = ("NVIDIA/dgxc-benchmarking release v24.11.1 (commit 35a9aec, 2024-11), 'E
         "last step of a 50-step run")
 # NeMo 1's megatron_gpt_pretraining.py on megatron-core (`mcore_gpt: true`) with Transformer
 # Engine: NeMo 24.09 containers for Nemotron-4 and Llama 3.1, 24.05 for GPT-3 175B. What every
-# recipe sets: sequence parallelism, distributed_fused_adam (Apex's distributed Adam, ZeRO-1)
-# with overlapped BF16 gradient reduction and parameter gathers (`grad_sync_dtype: bf16`), FP8
-# with delayed scaling (`fp8_hybrid`) and FP8 parameters (`fp8_params`) in the FP8 runs, TE's
-# TP communication overlap (`ub_tp_comm_overlap`) where tp > 1, pipeline sends overlapped with
+# recipe sets: distributed_fused_adam (Apex's distributed Adam, ZeRO-1) with overlapped BF16
+# gradient reduction and parameter gathers (`grad_sync_dtype: bf16`), FP8 with delayed scaling
+# (`fp8_hybrid`) and FP8 parameters (`fp8_params`) in the FP8 runs, sequence parallelism and
+# TE's TP communication overlap (`ub_tp_comm_overlap`) where tp > 1, pipeline sends overlapped with
 # virtual stages (`overlap_p2p_comm`), no dropout but GPT-3's 0.1, vocabularies padded as
 # Megatron pads them (a multiple of 128 x TP). The optimizer's state a parameter
 # (`optimizer_state_bytes`, from NeMo 1's `megatron_base_model.py` of 2024-09 choosing Apex's

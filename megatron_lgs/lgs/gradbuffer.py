@@ -20,9 +20,9 @@ generations of Megatron the published runs used (every byte count is per paramet
   by dp and copies them back (3 x 2 x 2 bytes; PyTorch DDP's bucket copy in, division and copy
   out are the same passes).
 - The optimizer, on this GPU's shard: the gradient norm reads the FP32 grads (4); FusedAdam
-  reads the grad and reads and writes its state, master and moments (4 + 2 x 12, or 2 x the
-  run's `optimizer_state_bytes`); the copy of the master to the BF16/FP16 weights reads 4 and
-  writes 2: 38 bytes with Megatron's FP32 state. FP16 adds the loss scale's
+  reads the grad and reads and writes its state (4 + 2 x the run's `optimizer_state_bytes`:
+  28 with Megatron's FP32 master and moments); the copy of the master to the BF16/FP16
+  weights reads 4 and writes 2: 38 bytes with Megatron's state. FP16 adds the loss scale's
   unscale-and-inf-check pass over the FP32 grads (read + write, 8,
   `_unscale_main_grads_and_check_for_nan`); without the grad buffer the FP16 grads are first
   cast into FP32 main grads (read 2, write 4, `_copy_model_grads_to_main_grads`).
