@@ -182,11 +182,16 @@ def _prepare(args: argparse.Namespace) -> None:
 def _train_tokenizer(args: argparse.Namespace) -> None:
     if args.output.exists():
         raise InputError(f"--output {args.output} already exists")
+    try:  # before the training: a file that cannot be written there fails now, in one line
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.touch(exist_ok=False)
+        args.output.unlink()
+    except OSError as exc:
+        raise InputError(f"--output {args.output}: cannot write there ({exc.strerror})") from None
     counts: dict[str, DomainCounts] = {}
     records = ingest([DomainSource.parse(spec) for spec in args.domain], _ingest_config(args),
                      counts, RejectLog(0))
     tokenizer = train_bpe_tokenizer((text for _, text in records), args.vocab_size)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(args.output))
     for c in counts.values():
         c.kept = c.records_in - c.rejected_total

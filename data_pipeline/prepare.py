@@ -27,6 +27,7 @@ from data_pipeline.sources import DomainSource, InputError
 from data_pipeline.stages import STAGES, finalize
 from data_pipeline.stages.common import PLAN, Partition, Plan, read_json, task_dir, write_json
 from data_pipeline.stats import DomainCounts, summary_table
+from data_pipeline.tokenizer import eod_id, load_tokenizer
 
 REJECTS_FILE = finalize.REJECTS_FILE
 DEDUP_REPORT = finalize.DEDUP_REPORT
@@ -65,6 +66,8 @@ class PrepareConfig:
             raise ValueError("give exactly one of --tokenizer FILE and --vocab-size N")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ValueError(f"--tokenizer {self.tokenizer}: no such file")
+        if self.tokenizer is not None:
+            eod_id(load_tokenizer(self.tokenizer))  # a bad file fails here, not in a stage
         if self.vocab_sample_bytes < 0:
             raise ValueError(f"--vocab-sample-bytes must be >= 0, got {self.vocab_sample_bytes}")
         if self.reject_samples < 0:
@@ -158,25 +161,32 @@ def prepare(cfg: PrepareConfig, executor: Executor | None = None) -> PrepareResu
     output = Path(cfg.output).absolute()
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise InputError(f"--output {output} already exists and is not empty")
-    output.parent.mkdir(parents=True, exist_ok=True)
     plan = make_plan(cfg)
     work = work_dir(output)
-    with open(output.parent / f".{output.name}.lock", "w") as lock:
+    lock_path = output.parent / f".{output.name}.lock"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "w")
+    except OSError as exc:
+        raise InputError(f"--output {output}: cannot write there ({exc.strerror})") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InputError(f"another prepare is writing {output}") from None
-        _open_work(work, plan)
         try:
-            (executor or LocalExecutor(1)).run(work, stage_tasks(plan))
-        except (InputError, ValueError):
-            shutil.rmtree(work, ignore_errors=True)  # bad input: nothing worth resuming
-            raise
-        if output.exists():
-            output.rmdir()  # empty, checked above
-        task_dir(work, "finalize", 0).rename(output)
-        shutil.rmtree(work)
-    (output.parent / f".{output.name}.lock").unlink(missing_ok=True)
+            _open_work(work, plan)
+            try:
+                (executor or LocalExecutor(1)).run(work, stage_tasks(plan))
+            except (InputError, ValueError):
+                shutil.rmtree(work, ignore_errors=True)  # bad input: nothing worth resuming
+                raise
+            if output.exists():
+                output.rmdir()  # empty, checked above
+            task_dir(work, "finalize", 0).rename(output)
+            shutil.rmtree(work)
+        finally:
+            lock_path.unlink(missing_ok=True)  # still ours: removed before the lock is let go
     manifest = load_manifest(output)
     counts = {d: DomainCounts(**{**c, "rejected": dict(c["rejected"])})
               for d, c in manifest["counts"].items()}

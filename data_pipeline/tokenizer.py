@@ -32,7 +32,10 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    return Tokenizer.from_file(os.fspath(path))
+    try:
+        return Tokenizer.from_file(os.fspath(path))
+    except Exception as exc:  # the Rust library raises a bare Exception for any bad file
+        raise ValueError(f"tokenizer {path}: not a tokenizers JSON file ({exc})") from None
 
 
 def eod_id(tokenizer: Tokenizer) -> int:

@@ -148,7 +148,31 @@ def test_strict_stops_at_first_input_error(tmp_path, capsys):
     assert len(err.splitlines()) == 1
     assert err.startswith(f"error: {tmp_path / 'bad' / 'broken.jsonl'}:2: malformed_json")
     assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".out.work*"))
+    assert not list(tmp_path.glob(".out.work*")) and not (tmp_path / ".out.lock").exists()
+
+
+def test_unwritable_outputs_and_bad_tokenizers_are_one_line(corpus, tmp_path, capsys):
+    """An --output under a file, and a --tokenizer that is no tokenizer, are refused in one
+    line before any work (they were tracebacks: from the lock file, from tokenizers' save after
+    the training, from a stage worker), and nothing is left beside the output."""
+    web = [f"--domain=web={corpus.root / 'web'}"]
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "bad.json").write_text("{not json")
+    cases = [
+        (["prepare", *web, "--vocab-size", "300", "--output", str(tmp_path / "afile" / "ds")],
+         1, "cannot write there"),
+        (["train-tokenizer", *web, "--vocab-size", "300",
+          "--output", str(tmp_path / "afile" / "tok.json")], 1, "cannot write there"),
+        (["prepare", *web, "--tokenizer", str(tmp_path / "bad.json"),
+          "--output", str(tmp_path / "ds")], 2, "not a tokenizers JSON file"),
+    ]
+    for argv, code, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == code and len(err.splitlines()) == 1, err
+        assert message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "bad.json"]
 
 
 @pytest.mark.parametrize(("argv", "code", "message"), [
