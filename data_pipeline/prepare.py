@@ -66,8 +66,11 @@ class PrepareConfig:
             raise ValueError("give exactly one of --tokenizer FILE and --vocab-size N")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ValueError(f"--tokenizer {self.tokenizer}: no such file")
-        if self.tokenizer is not None:
-            eod_id(load_tokenizer(self.tokenizer))  # a bad file fails here, not in a stage
+        if self.tokenizer is not None:  # a bad file fails here, not in a stage's worker
+            try:
+                eod_id(load_tokenizer(self.tokenizer))
+            except ValueError as exc:
+                raise ValueError(f"--tokenizer {self.tokenizer}: {exc}") from None
         if self.vocab_sample_bytes < 0:
             raise ValueError(f"--vocab-sample-bytes must be >= 0, got {self.vocab_sample_bytes}")
         if self.reject_samples < 0:

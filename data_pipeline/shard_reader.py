@@ -33,8 +33,8 @@ def _tokenizer_record(path: Path) -> dict[str, Any]:
 
     try:
         tokenizer = load_tokenizer(path)
-    except Exception as exc:  # tokenizers raises its own exception type for a bad file
-        raise DatasetError(f"--tokenizer-model {path}: not a tokenizer.json ({exc})") from None
+    except ValueError as exc:
+        raise DatasetError(f"--tokenizer-model {path}: {exc}") from None
     return {"sha256": file_sha256(path), "eod_id": eod_id(tokenizer),
             "vocab_size": tokenizer.get_vocab_size()}
 

@@ -35,7 +35,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     try:
         return Tokenizer.from_file(os.fspath(path))
     except Exception as exc:  # the Rust library raises a bare Exception for any bad file
-        raise ValueError(f"tokenizer {path}: not a tokenizers JSON file ({exc})") from None
+        raise ValueError(f"not a tokenizer.json ({exc})") from None
 
 
 def eod_id(tokenizer: Tokenizer) -> int:

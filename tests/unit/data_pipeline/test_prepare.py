@@ -164,7 +164,7 @@ def test_unwritable_outputs_and_bad_tokenizers_are_one_line(corpus, tmp_path, ca
         (["train-tokenizer", *web, "--vocab-size", "300",
           "--output", str(tmp_path / "afile" / "tok.json")], 1, "cannot write there"),
         (["prepare", *web, "--tokenizer", str(tmp_path / "bad.json"),
-          "--output", str(tmp_path / "ds")], 2, "not a tokenizers JSON file"),
+          "--output", str(tmp_path / "ds")], 2, "bad.json: not a tokenizer.json"),
     ]
     for argv, code, message in cases:
         with pytest.raises(SystemExit) as exit_info:
