@@ -90,6 +90,18 @@ def validate(cfg: Config) -> None:
         if not 1 <= m.moe_router_topk <= m.num_experts:
             raise ConfigError(f"--moe-router-topk ({m.moe_router_topk}) must be in 1.."
                               f"{m.num_experts}")
+    # megatron-core 0.16.1's TransformerConfig refuses this even on a dense model: a softmax
+    # over the one chosen score has no gradient unless it runs before the top-k
+    # (--moe-router-pre-softmax, which this trainer does not offer) or sinkhorn balances.
+    if m.moe_router_topk == 1 and m.moe_router_load_balancing_type != "sinkhorn":
+        raise ConfigError("--moe-router-topk 1 needs --moe-router-load-balancing-type sinkhorn "
+                          "in megatron-core 0.16.1 (a softmax over one chosen score has no "
+                          "gradient); route to 2 or more experts")
+    if (m.num_experts is not None and m.moe_router_load_balancing_type == "sinkhorn"
+            and m.moe_aux_loss_coeff > 0):
+        raise ConfigError("--moe-router-load-balancing-type sinkhorn balances without an "
+                          "auxiliary loss, and megatron-core 0.16.1 refuses one beside it: add "
+                          "--moe-aux-loss-coeff 0")
     _validate_split(cfg)
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "

@@ -134,6 +134,9 @@ def test_kv_channels_reach_megatron_core():
      "does not run with --recompute-granularity full"),
     ([*A2A, *EP2, "--bf16", "--moe-token-dispatcher-type", "alltoall",
       "--pipeline-model-parallel-size", "2"], 4, "needs virtual stages"),
+    (["--moe-router-topk", "1"], 1, "--moe-router-topk 1 needs --moe-router-load-balancing-type"),
+    (["--num-experts", "2", "--disable-bias-linear", "--moe-router-topk", "1",
+      "--moe-router-load-balancing-type", "sinkhorn"], 1, "add --moe-aux-loss-coeff 0"),
 ])
 def test_bad_layout_and_recompute_flags_are_one_line(argv, world, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -158,3 +161,25 @@ def test_context_parallel_runs_on_this_platform_with_either_position_embedding()
     for position in ("learned_absolute", "rope"):
         check_platform(parse_args(["--context-parallel-size", "2", "--position-embedding-type",
                                    position], world_size=2), get_platform())
+
+
+@pytest.mark.parametrize("router", [
+    [], ["--moe-router-topk", "1"], ["--moe-router-topk", "1", "--moe-aux-loss-coeff", "0"],
+    ["--moe-router-load-balancing-type", "sinkhorn"],
+    ["--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"],
+    ["--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0",
+     "--moe-router-topk", "1"],
+    ["--moe-router-load-balancing-type", "none", "--moe-router-topk", "1"],
+])
+@pytest.mark.parametrize("experts", [[], ["--num-experts", "2", "--disable-bias-linear"]])
+def test_router_flags_the_validation_passes_megatron_core_accepts(router, experts) -> None:
+    """What parse_args lets through, megatron-core 0.16.1's TransformerConfig takes: its router
+    checks (top-1 without pre-softmax, sinkhorn beside an aux loss) were tracebacks after
+    start-up until the validation said them."""
+    from megatron_lgs.model import transformer_config
+
+    try:
+        cfg = parse_args([*experts, *router], world_size=1)
+    except SystemExit:
+        return
+    transformer_config(cfg, get_platform())
