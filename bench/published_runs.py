@@ -281,6 +281,21 @@ def precision_pairs(out: list[dict]) -> None:
               f"({pred / pub - 1:+.1%})")
     print(f"the model's FP8 gain over BF16 is larger than published by a median "
           f"{statistics.median(ratios):+.1%} ({min(ratios):+.1%} to {max(ratios):+.1%})")
+    print("step time from the first GPU count to the last, the same model (the 405B left out: "
+          "its first count runs a 7-layer proxy)")
+    for precision in ("bf16", "fp8"):
+        ends: dict[str, list[dict]] = {}
+        for row in out:
+            run = row["run"]
+            if run["id"].startswith("dgxc-") and row["precision"] == precision:
+                ends.setdefault(run["id"].rsplit("-", 2)[0], []).append(row)
+        growth = [(name, rows[-1]["step_time_published_s"] / rows[0]["step_time_published_s"] - 1,
+                   rows[-1]["step_time_s"] / rows[0]["step_time_s"] - 1)
+                  for name, rows in ends.items()
+                  if rows[0]["run"]["num_layers"] == rows[-1]["run"]["num_layers"]]
+        print(f"  {precision}: published " + ", ".join(f"{g:+.1%}" for _, g, _ in growth)
+              + "; predicted " + ", ".join(f"{m:+.1%}" for _, _, m in growth)
+              + f"  ({', '.join(name.removeprefix('dgxc-') for name, _, _ in growth)})")
 
 
 def main(argv: list[str] | None = None) -> list[float]:
