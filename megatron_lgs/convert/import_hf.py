@@ -82,12 +82,25 @@ def from_hf(hf_dir: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) 
     tokenizer_file = hf_dir / model_record.TOKENIZER_FILE
     run_tokenizer(hf_dir)
     hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report of missing keys: said below, in one line
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True,
-                                                        dtype=torch.float32)
+        hf_model, info = AutoModelForCausalLM.from_pretrained(
+            hf_dir, local_files_only=True, dtype=torch.float32, output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConvertError(f"{hf_dir}: transformers cannot load it ({_first_line(exc)})") \
             from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # transformers fills weights its config names but the files lack with fresh random ones,
+    # and drops weights the config does not name, both with only a log line.
+    for kind, what in (("missing_keys", "the config names but the weights lack"),
+                       ("unexpected_keys", "the weights hold but the config does not name")):
+        if info[kind]:
+            names = sorted(info[kind])
+            raise ConvertError(f"{hf_dir}: {len(names)} tensors {what} (config.json and the "
+                               f"weights disagree): {', '.join(names[:3])}"
+                               + (", ..." if len(names) > 3 else ""))
     record = ModelRecord(model=m, vocab_size=config.vocab_size, precision="fp32",
                          tensor_model_parallel_size=1)
     with checkpoint_io.into_place(out) as partial, checkpoint_io.single_process():

@@ -314,6 +314,17 @@ def test_bad_input_one_line_nothing_written(runs, exported, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert "safetensors" in _refused(capsys, convert_cli, ["from-hf", str(truncated), str(out)])
 
+    # config.json and the weights disagree: transformers would fill the layers the weights lack
+    # with random ones, or drop the ones the config does not name, and say so in a log only.
+    layers = json.loads((exported["gpt2"] / "config.json").read_text())["n_layer"]
+    for n, said in ((layers + 1, "the config names but the weights lack"),
+                    (layers - 1, "the weights hold but the config does not name")):
+        disagree = tmp_path / f"layers-{n}"
+        shutil.copytree(exported["gpt2"], disagree)
+        config = json.loads((disagree / "config.json").read_text())
+        (disagree / "config.json").write_text(json.dumps({**config, "n_layer": n}))
+        assert said in _refused(capsys, convert_cli, ["from-hf", str(disagree), str(out)])
+
     unmappable = tmp_path / "neox"
     shutil.copytree(exported["gpt2"], unmappable)
     (unmappable / "config.json").write_text(json.dumps(
