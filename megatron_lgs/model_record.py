@@ -13,7 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from megatron_lgs.run_config import Config, ModelConfig
+from megatron_lgs.run_config import Config, ConfigError, ModelConfig
 
 MODEL_FILE = "model.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -54,3 +54,22 @@ def write(directory: Path, record: ModelRecord, tokenizer_file: str | None) -> N
 
 def read(directory: Path) -> ModelRecord:
     return ModelRecord.from_json((directory / MODEL_FILE).read_text())
+
+
+def check_finetune_vocabulary(directory: Path, tokenizer_file: str | None,
+                              vocab_size: int) -> None:
+    """--finetune loads the word embeddings and the output layer row by row, and megatron-core
+    loads them from a vocabulary of another size without a word (it allows the padding to
+    differ): refuse a checkpoint whose rows belong to other tokens than this run's data."""
+    saved = directory / TOKENIZER_FILE
+    if tokenizer_file is not None and saved.is_file():
+        from data_pipeline.tokenizer import load_tokenizer
+
+        if load_tokenizer(saved).get_vocab() != load_tokenizer(tokenizer_file).get_vocab():
+            raise ConfigError(
+                f"--finetune from {directory}: its tokenizer is not the one this run's data was "
+                f"tokenized with ({tokenizer_file}), so its embedding rows belong to other "
+                f"tokens; prepare the data with --tokenizer {saved}")
+    elif (directory / MODEL_FILE).is_file() and read(directory).vocab_size != vocab_size:
+        raise ConfigError(f"--finetune from {directory}: its vocabulary has "
+                          f"{read(directory).vocab_size} tokens, this run's data {vocab_size}")

@@ -153,3 +153,17 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tm
     assert "saved as TP2 x PP1 x CP1 x DP1, EP1" in refused.stderr
     assert "cannot be read as TP1 x PP1 x CP1 x DP1, EP1" in refused.stderr
     assert "shape mismatch" in refused.stderr
+
+
+def test_finetune_from_another_tokenizer_is_refused_in_one_line(sources, tiny, tmp_path):
+    """megatron-core loads word embeddings of another vocabulary size without a word (it lets
+    the padding differ), so --finetune onto data of another tokenizer trained on rows of other
+    tokens until the trainer compared the tokenizers."""
+    load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
+    vocab = tiny[tiny.index("--vocab-size") + 1]
+    other = [*tiny[:tiny.index("--vocab-size")], "--vocab-size", str(int(vocab) + 256),
+             *tiny[tiny.index("--vocab-size") + 2:]]
+    refused = run_pretrain([*other, *BUCKETS, *RUN, "--finetune", "--load", str(load)],
+                           expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "its tokenizer is not the one this run's data was tokenized with" in refused.stderr
