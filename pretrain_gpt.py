@@ -94,6 +94,7 @@ def datasets_provider(cfg: Config) -> Datasets:
         raise ConfigError(f"data: {exc}") from None
     return Datasets(train=train, valid=valid, vocab_size=train.store.vocab_size,
                     fingerprint=f"{train.fingerprint}/{valid.fingerprint}",
+                    legacy_fingerprint=f"{train.legacy_fingerprint}/{valid.legacy_fingerprint}",
                     schedule=train.schedule, valid_by_domain=valid_by_domain,
                     tokenizer_file=str(train.store.tokenizer_file))
 

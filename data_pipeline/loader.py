@@ -122,6 +122,10 @@ class _PackedComponent:
         return out
 
 
+def _sha256(record: dict) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 class BlendedDataset(torch.utils.data.Dataset):
     """Blended, packed samples in ``PackedDataset``'s format. ``len()`` is one pass over every
     component's windows; any index >= 0 is valid (later epochs)."""
@@ -136,9 +140,8 @@ class BlendedDataset(torch.utils.data.Dataset):
         self.schedule = schedule
         self.components = [_PackedComponent(name, np.asarray(docs, dtype=np.int64), store, cfg)
                            for name, docs in components.items()]
-        self.fingerprint = hashlib.sha256(json.dumps({
+        identity = {
             "sampler_version": SAMPLER_VERSION,
-            "datasets": store.fingerprints,
             "components": {c.name: hashlib.sha256(c.docs.tobytes()).hexdigest()
                            for c in self.components},
             "initial_weights": schedule.windows[0][1],
@@ -147,7 +150,11 @@ class BlendedDataset(torch.utils.data.Dataset):
             "eod_mask_loss": cfg.eod_mask_loss,
             "split": [cfg.split, cfg.valid_every],
             "resolution": cfg.resolution,
-        }, sort_keys=True).encode("utf-8")).hexdigest()
+        }
+        self.fingerprint = _sha256({**identity, "datasets": store.fingerprints})
+        # Until 2026-12-06 the datasets entered by their manifests' own fingerprints, which
+        # also hash where their input lay: checkpoints saved then carry this one.
+        self.legacy_fingerprint = _sha256({**identity, "datasets": store.manifest_fingerprints})
         self._blend_revision = -1
         self._blend: WindowedBlend | None = None
         self._positions = torch.arange(cfg.seq_length, dtype=torch.int64)

@@ -40,6 +40,15 @@ def fingerprint(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def content_fingerprint(manifest: dict[str, Any]) -> str:
+    """What a dataset holds, for a checkpoint to compare: the manifest but where its input lay
+    (`sources`, as given to prepare). The same documents prepared from another folder (the
+    embedded corpus goes through a fresh temporary one each time it is built) are the same
+    dataset; the shards' and the tokenizer's hashes carry the content."""
+    body = {k: v for k, v in manifest.items() if k not in ("fingerprint", "sources")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     full = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION}
     full["fingerprint"] = fingerprint(full)

@@ -21,6 +21,7 @@ from data_pipeline.manifest import (
     TOKEN_DTYPE,
     TOKENIZER_FILE,
     DatasetError,
+    content_fingerprint,
     file_sha256,
     load_index,
     load_manifest,
@@ -66,7 +67,8 @@ class DocumentStore:
                                    f"levels up: give the tokenizer it was made with "
                                    f"(--tokenizer-model tokenizer.json)")
             self.manifests.append({"domains": [d.name], "tokenizer": record,
-                                   "fingerprint": docs.fingerprint, "shards": []})
+                                   "fingerprint": docs.fingerprint, "shards": [],
+                                   "megatron_prefix": True})
         # The tokenizer.json these documents were made with (a checkpoint copies it).
         first = self.dataset_dirs[0]
         self.tokenizer_file: Path = Path(tokenizer) if tokenizer is not None else (
@@ -114,6 +116,15 @@ class DocumentStore:
 
     @property
     def fingerprints(self) -> list[str]:
+        """Per dataset, what it holds (`manifest.content_fingerprint`; a Megatron prefix's .idx
+        hash and .bin size)."""
+        return [m["fingerprint"] if m.get("megatron_prefix") else content_fingerprint(m)
+                for m in self.manifests]
+
+    @property
+    def manifest_fingerprints(self) -> list[str]:
+        """Per dataset, the manifest's own fingerprint (its input's folders included): what
+        the data fingerprint of checkpoints saved before 2026-12-06 was made of."""
         return [m["fingerprint"] for m in self.manifests]
 
     def __len__(self) -> int:

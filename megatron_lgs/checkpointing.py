@@ -254,9 +254,11 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None) -> bool:
+                    lgs: LgsEngine | None = None,
+                    legacy_data_fingerprint: str | None = None) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
-    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run."""
+    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run
+    (`legacy_data_fingerprint`: the same data as an older version fingerprinted it)."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -265,7 +267,10 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
     if not cfg.finetune:
         for name in ("config_fingerprint", "data_fingerprint"):
-            if getattr(saved, name) != getattr(state, name):
+            accepted = {getattr(state, name)}
+            if name == "data_fingerprint" and legacy_data_fingerprint:
+                accepted.add(legacy_data_fingerprint)
+            if getattr(saved, name) not in accepted:
                 raise ConfigError(
                     f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
                     f"differs from this run's ({getattr(state, name)}); the model, optimizer, "

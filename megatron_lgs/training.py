@@ -55,6 +55,7 @@ class Datasets:
     valid_by_domain: dict[str, torch.utils.data.Dataset] = dataclasses.field(
         default_factory=dict)
     tokenizer_file: str | None = None  # copied into every checkpoint (model_record)
+    legacy_fingerprint: str | None = None  # what checkpoints saved before 2026-12-06 carry
 
 
 DatasetsProvider = Callable[[Config], Datasets]
@@ -151,8 +152,9 @@ class Trainer:
             model_record.check_finetune_vocabulary(
                 checkpointing.checkpoint_dir(ckpt_cfg.load, iteration),
                 self.datasets.tokenizer_file, self.datasets.vocab_size)
-        loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
-                                               self.scheduler, self.lgs)
+        loaded = checkpointing.load_checkpoint(
+            ckpt_cfg, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
+            legacy_data_fingerprint=self.datasets.legacy_fingerprint)
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.tuning:

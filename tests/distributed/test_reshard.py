@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import pretrain_gpt  # megatron_lgs first: it prepares megatron-core for this machine
+from megatron_lgs.arguments import parse_args
 from tests.conftest import TINY_GPT, report, run_pretrain
 from tests.distributed.checkpoint_files import global_tensors
 
@@ -167,3 +169,39 @@ def test_finetune_from_another_tokenizer_is_refused_in_one_line(sources, tiny, t
                            expect_success=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "its tokenizer is not the one this run's data was tokenized with" in refused.stderr
+
+
+def test_resume_after_the_data_cache_is_rebuilt_elsewhere(sources, tmp_path):
+    """The default corpus, prepared again in another --data-cache-dir (another node's local
+    disk, a cleared cache), is the same data: the run resumes and its next step is the
+    uninterrupted run's, bit for bit. Until 2026-12-06 the rebuilt corpus's new temporary
+    source folder changed the data fingerprint and the resume was refused."""
+    uninterrupted = sources("dp1")
+    load = _load_dir(uninterrupted.save_dir, 3, tmp_path / "load")
+    elsewhere = [*TINY_GPT, "--data-cache-dir", str(tmp_path / "another-cache")]
+    continued = run_pretrain([*elsewhere, *BUCKETS, *RUN, "--load", str(load)],
+                             save_dir=tmp_path / "continued")
+    (step,) = continued.records("train")
+    assert step["iteration"] == 4 and step["loss"] == uninterrupted.losses()[3]
+
+
+def test_a_checkpoint_with_the_older_data_fingerprint_still_resumes(sources, data_cache, tmp_path,
+                                                                    one_rank_group):
+    """Checkpoints saved before 2026-12-06 carry the data fingerprint of the manifests' own
+    hashes (their input's folders included): the same data still resumes them; any other
+    fingerprint is refused."""
+    args = [*TINY_GPT, "--data-cache-dir", data_cache, *BUCKETS, *RUN]
+    legacy = pretrain_gpt.datasets_provider(parse_args(args, world_size=1)).legacy_fingerprint
+    uninterrupted = sources("dp1")
+    for fingerprint, resumes in ((legacy, True), ("0" * 64 + "/" + "0" * 64, False)):
+        load = _load_dir(uninterrupted.save_dir, 3, tmp_path / fingerprint[:8])
+        state_file = load / "iter_0000003" / "run_state.json"
+        state = json.loads(state_file.read_text())
+        assert state["data_fingerprint"] != legacy
+        state_file.write_text(json.dumps({**state, "data_fingerprint": fingerprint}))
+        run = run_pretrain([*args, "--load", str(load)], save_dir=tmp_path / f"{resumes}",
+                           expect_success=resumes)
+        if resumes:
+            assert run.records("train")[0]["loss"] == uninterrupted.losses()[3]
+        else:
+            assert run.returncode == 2 and "its data fingerprint" in run.stderr
