@@ -65,11 +65,17 @@ def check_finetune_vocabulary(directory: Path, tokenizer_file: str | None,
     if tokenizer_file is not None and saved.is_file():
         from data_pipeline.tokenizer import load_tokenizer
 
-        if load_tokenizer(saved).get_vocab() != load_tokenizer(tokenizer_file).get_vocab():
+        try:
+            same = load_tokenizer(saved).get_vocab() == load_tokenizer(tokenizer_file).get_vocab()
+        except ValueError as exc:
+            raise ConfigError(f"--finetune from {directory}: {exc}") from None
+        if not same:
             raise ConfigError(
                 f"--finetune from {directory}: its tokenizer is not the one this run's data was "
                 f"tokenized with ({tokenizer_file}), so its embedding rows belong to other "
                 f"tokens; prepare the data with --tokenizer {saved}")
-    elif (directory / MODEL_FILE).is_file() and read(directory).vocab_size != vocab_size:
-        raise ConfigError(f"--finetune from {directory}: its vocabulary has "
-                          f"{read(directory).vocab_size} tokens, this run's data {vocab_size}")
+    elif (directory / MODEL_FILE).is_file():
+        saved_size = read(directory).vocab_size
+        if saved_size != vocab_size:
+            raise ConfigError(f"--finetune from {directory}: its vocabulary has {saved_size} "
+                              f"tokens, this run's data {vocab_size}")
