@@ -312,6 +312,9 @@ class Trainer:
             self.evaluate()
         interval = metrics.IntervalStats()
         first_iteration = s.iteration + 1
+        if s.iteration >= t.train_iters:  # a finished run requeued, or a lowered --train-iters
+            print_rank_last(f" iteration {s.iteration} of the checkpoint is at or past "
+                            f"--train-iters {t.train_iters}: nothing left to train")
         while s.iteration < t.train_iters:
             iteration = s.iteration + 1
             if self.tuning:

@@ -205,3 +205,13 @@ def test_a_checkpoint_with_the_older_data_fingerprint_still_resumes(sources, dat
             assert run.records("train")[0]["loss"] == uninterrupted.losses()[3]
         else:
             assert run.returncode == 2 and "its data fingerprint" in run.stderr
+
+
+def test_a_finished_run_resumed_says_there_is_nothing_left(sources, tiny, tmp_path):
+    """A requeued job whose run already ended, or a lowered --train-iters: nothing to train, and
+    the log says so instead of ending without a word."""
+    load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
+    done = run_pretrain([*tiny, *BUCKETS, "--train-iters", "3", "--load", str(load)],
+                        save_dir=tmp_path / "again")
+    assert "iteration 3 of the checkpoint is at or past --train-iters 3" in done.stdout
+    assert not done.records("train")
