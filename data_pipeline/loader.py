@@ -17,7 +17,6 @@ any number of DataLoader workers.
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import os
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from data_pipeline.blend import DEFAULT_RESOLUTION, WindowedBlend
-from data_pipeline.manifest import DatasetError
+from data_pipeline.manifest import DatasetError, json_sha256
 from data_pipeline.mixing import MixingSchedule
 from data_pipeline.shard_reader import DocumentStore
 
@@ -122,10 +121,6 @@ class _PackedComponent:
         return out
 
 
-def _sha256(record: dict) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
-
-
 class BlendedDataset(torch.utils.data.Dataset):
     """Blended, packed samples in ``PackedDataset``'s format. ``len()`` is one pass over every
     component's windows; any index >= 0 is valid (later epochs)."""
@@ -151,10 +146,11 @@ class BlendedDataset(torch.utils.data.Dataset):
             "split": [cfg.split, cfg.valid_every],
             "resolution": cfg.resolution,
         }
-        self.fingerprint = _sha256({**identity, "datasets": store.fingerprints})
+        self.fingerprint = json_sha256({**identity, "datasets": store.fingerprints})
         # Until 2026-12-06 the datasets entered by their manifests' own fingerprints, which
         # also hash where their input lay: checkpoints saved then carry this one.
-        self.legacy_fingerprint = _sha256({**identity, "datasets": store.manifest_fingerprints})
+        self.legacy_fingerprint = json_sha256({**identity,
+                                               "datasets": store.manifest_fingerprints})
         self._blend_revision = -1
         self._blend: WindowedBlend | None = None
         self._positions = torch.arange(cfg.seq_length, dtype=torch.int64)

@@ -35,9 +35,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def json_sha256(record: dict[str, Any]) -> str:
+    """sha256 of a JSON-able record, its keys sorted: the same record, the same digest."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def fingerprint(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "fingerprint"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+    return json_sha256({k: v for k, v in manifest.items() if k != "fingerprint"})
 
 
 def content_fingerprint(manifest: dict[str, Any]) -> str:
@@ -45,8 +49,7 @@ def content_fingerprint(manifest: dict[str, Any]) -> str:
     (`sources`, as given to prepare). The same documents prepared from another folder (the
     embedded corpus goes through a fresh temporary one each time it is built) are the same
     dataset; the shards' and the tokenizer's hashes carry the content."""
-    body = {k: v for k, v in manifest.items() if k not in ("fingerprint", "sources")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+    return json_sha256({k: v for k, v in manifest.items() if k not in ("fingerprint", "sources")})
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -36,12 +37,15 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
-from megatron_lgs import fsdp_checkpoint, optimizer_checkpoint
+from megatron_lgs import fsdp_checkpoint, model_record, optimizer_checkpoint
 from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.model import num_transformer_layers
 from megatron_lgs.run_config import CheckpointConfig, ConfigError
 from megatron_lgs.run_state import RunState
+
+if TYPE_CHECKING:
+    from megatron_lgs.training import Datasets
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RUN_STATE_FILE = "run_state.json"
@@ -254,11 +258,10 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None,
-                    legacy_data_fingerprint: str | None = None) -> bool:
+                    lgs: LgsEngine | None = None, datasets: Datasets | None = None) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
-    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run
-    (`legacy_data_fingerprint`: the same data as an older version fingerprinted it)."""
+    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
+    with --finetune one whose vocabulary is not `datasets`'s."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -268,13 +271,16 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     if not cfg.finetune:
         for name in ("config_fingerprint", "data_fingerprint"):
             accepted = {getattr(state, name)}
-            if name == "data_fingerprint" and legacy_data_fingerprint:
-                accepted.add(legacy_data_fingerprint)
+            if name == "data_fingerprint" and datasets and datasets.legacy_fingerprint:
+                accepted.add(datasets.legacy_fingerprint)  # the same data, saved before 2026-12-06
             if getattr(saved, name) not in accepted:
                 raise ConfigError(
                     f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
                     f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
                     f"seed, batch or data settings changed. Use --finetune to load only weights")
+    elif datasets is not None:
+        model_record.check_finetune_vocabulary(directory, datasets.tokenizer_file,
+                                               datasets.vocab_size)
 
     check_metadata(directory)
     layout_file = directory / LAYOUT_FILE

@@ -147,14 +147,8 @@ class Trainer:
                        self.num_microbatches, self.lgs, self.state.iteration)
 
     def _load(self, ckpt_cfg) -> bool:
-        iteration = checkpointing.latest_iteration(ckpt_cfg.load)
-        if ckpt_cfg.finetune and iteration is not None:
-            model_record.check_finetune_vocabulary(
-                checkpointing.checkpoint_dir(ckpt_cfg.load, iteration),
-                self.datasets.tokenizer_file, self.datasets.vocab_size)
-        loaded = checkpointing.load_checkpoint(
-            ckpt_cfg, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
-            legacy_data_fingerprint=self.datasets.legacy_fingerprint)
+        loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
+                                               self.scheduler, self.lgs, self.datasets)
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.tuning:
