@@ -1,15 +1,16 @@
 """Whole-step model against training runs published with their layout and throughput.
 
 Every row cites its source (the data, with the software of the time stated per source, is
-`published_rows.py`, `mlperf_rows.py` and `dgxc_rows.py`). The model's inputs are the
-published layout plus that software; where a source leaves a knob out (micro-batch size,
+`published_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and `bloom_rows.py`). The model's inputs
+are the published layout plus that software; where a source leaves a knob out (micro-batch size,
 virtual stages) the row says what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
-time (Korthikanti et al.) or tokens per second (NeMo, Megatron-Bridge; the step times of MLPerf
-and of NVIDIA's DGX Cloud recipes) where the source gives that. Offline, pure Python:
+time (Korthikanti et al., BigScience's BLOOM) or tokens per second (NeMo, Megatron-Bridge; the
+step times of MLPerf and of NVIDIA's DGX Cloud recipes) where the source gives that. Offline,
+pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
@@ -33,6 +34,7 @@ from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bloom_rows import bloom_rows  # noqa: E402
 from dgxc_rows import dgxc_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
@@ -62,7 +64,7 @@ def published_rows() -> list[dict]:
     """The table's rows, source by source."""
     return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
             + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
-            + mlperf_rows() + mlperf_llama_rows() + dgxc_rows())
+            + mlperf_rows() + mlperf_llama_rows() + dgxc_rows() + bloom_rows())
 
 
 def _vpp_choices(run: Run) -> list[int]:

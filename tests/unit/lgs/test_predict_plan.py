@@ -286,6 +286,19 @@ def test_published_rows_cite_and_validate() -> None:
     assert f"within {math.ceil(100 * max(map(abs, tuned)))}% of it" in HOPPER_CAVEAT
 
 
+def test_bloom_row_is_the_run_its_log_counts() -> None:
+    """BLOOM's log gives TFLOP/s beside the step time, counted with the recompute pass as
+    Narayanan et al. count them: the row's shape, batch and GPUs must give the same figure."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bloom_rows import BLOOM_STEP_S, bloom_rows
+
+    from megatron_lgs.lgs.flops import flops_with_full_recompute
+
+    run = run_from_dict(bloom_rows()[0]["run"])
+    tflops = flops_with_full_recompute(run) / BLOOM_STEP_S / run.num_gpus / 1e12
+    assert tflops == pytest.approx(149.77, abs=0.01)
+
+
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
     """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
     config's EP all-to-all overlap reaches the model."""
