@@ -2,10 +2,16 @@
 another team's software (Megatron-DeepSpeed) on another cluster (Jean Zay), with its data
 parallelism across nodes over a network of 50 Gb/s a GPU, a quarter of Selene's."""
 
-BLOOM = ("BigScience tr11-176B-ml (bigscience-workshop/bigscience train/tr11-176B-ml/README.md "
-         "and tr11-176B-ml.slurm, commit 003b25057e): the training log's line at the end of the "
-         "first epoch, iteration 85376, global batch 2048: 'elapsed time per iteration (s): "
-         "104.70 ... TFLOPs: 149.77'")
+BLOOM = ("BigScience tr11-176B-ml (bigscience-workshop/bigscience train/tr11-176B-ml/: "
+         "chronicles.md and README.md at e726b15982, tr11-176B-ml.slurm at 003b25057e, the "
+         "48-node script of the main run): the log line the chronicles quote on 2022-03-18, the "
+         "first at the full global batch of 2048, iteration 12695: 'elapsed time per iteration "
+         "(s): 105.22 ... TFLOPs: 149.02'")
+# Why that line: it is the step of the slurm script as written. From 2022-03-24 the run added a
+# TP all-reduce of every LayerNorm's weights to each forward (the chronicles' "layer-norm
+# auto-sync" band-aid); its later lines read 105.9-107.5 s (April) and 104.70 s (the end of
+# the first epoch, the README's "Important checkpoints"). One iteration a line
+# (`--log-interval 1`); the README's "about 105 secs" throughout.
 # What the slurm script and the README set: 384 A100 80 GB, 8 a node with 4 Omni-Path links of
 # 100 Gb/s (50 Gb/s a GPU; the profile's NVSwitch taken for the README's "NVLink 4 inter-gpu
 # connects"), TP4 PP12 DP8, micro-batch 2, sequence 2048, the vocabulary padded to 250880,
@@ -20,7 +26,7 @@ BLOOM = ("BigScience tr11-176B-ml (bigscience-workshop/bigscience train/tr11-176
 # with its own stage-1 sharding of the FP32 master weights and moments): after every
 # micro-batch's backward it adds the BF16 gradients autograd left in `param.grad` into an
 # FP32 buffer, an unfused pass as `grad_buffer` false models (DeepSpeed's moves 10 B a
-# parameter where the model counts 6; with `grad_buffer` true the row reads 91.8 s, -12.3%);
+# parameter where the model counts 6; with `grad_buffer` true the row reads 91.8 s, -12.7%);
 # after the pipeline flush it all-reduces that buffer (the model's distributed optimizer
 # reduce-scatters it: half the bytes, ~1 s of the step less) and all-gathers the BF16
 # weights, neither overlapped. Not modelled: the script's CUDA_LAUNCH_BLOCKING=1, which the
@@ -36,7 +42,7 @@ BLOOM_RUN = {
     "overlap_grad_reduce": False, "overlap_param_gather": False,
     "account_for_embedding_in_pipeline_split": True,
     "account_for_loss_in_pipeline_split": True}
-BLOOM_STEP_S = 104.70
+BLOOM_STEP_S = 105.22
 
 
 def bloom_rows() -> list[dict]:

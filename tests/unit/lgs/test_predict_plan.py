@@ -296,7 +296,7 @@ def test_bloom_row_is_the_run_its_log_counts() -> None:
 
     run = run_from_dict(bloom_rows()[0]["run"])
     tflops = flops_with_full_recompute(run) / BLOOM_STEP_S / run.num_gpus / 1e12
-    assert tflops == pytest.approx(149.77, abs=0.01)
+    assert tflops == pytest.approx(149.02, abs=0.01)
 
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
