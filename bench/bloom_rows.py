@@ -48,3 +48,21 @@ BLOOM_STEP_S = 105.22
 def bloom_rows() -> list[dict]:
     return [{"source": BLOOM, "published": BLOOM_STEP_S, "metric": "iteration time s",
              "run": dict(BLOOM_RUN)}]
+
+
+BLOOM_LAYOUTS = ("BigScience tr11-176B-ml chronicles-prequel.md (bigscience-workshop/bigscience, "
+                 "commit 053adafee8), 'Rebalancing layers', the table for NHIDDEN=14336 / "
+                 "NLAYERS=70 (the final 176B) of 2022-02-28: 48 nodes of the same cluster, "
+                 "BF16_Optimizer and the embedding counted as a pipeline layer, global batch "
+                 "2048; seconds per iteration, each the second iteration of one run")
+# The same software and cluster as BLOOM_RUN, a week before the launch; the authors warn that a
+# single (second) iteration "can fluctuate a bit".
+BLOOM_LAYOUT_RUNS = [
+    # label, measured on, published step s, the run's fields over BLOOM_RUN
+    ("TP8 PP12 DP4 mbs2 64 heads", "2022-02-28", 121.63,
+     {"tp": 8, "dp": 4, "heads": 64}),
+    ("TP4 PP12 DP8 mbs2 64 heads", "2022-02-28", 102.03, {"heads": 64}),
+    ("TP4 PP12 DP8 mbs2 112 heads", "2022-02-28", 104.50, {}),
+    ("TP4 PP12 DP8 mbs2 128 heads", "2022-02-28", 105.89, {"heads": 128}),
+    ("TP4 PP12 DP8 mbs4 64 heads", "2022-02-28", 102.27, {"heads": 64, "micro_batch": 4}),
+]

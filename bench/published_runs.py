@@ -34,7 +34,7 @@ from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bloom_rows import bloom_rows  # noqa: E402
+from bloom_rows import BLOOM_LAYOUT_RUNS, BLOOM_LAYOUTS, BLOOM_RUN, bloom_rows  # noqa: E402
 from dgxc_rows import dgxc_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
@@ -222,14 +222,14 @@ def other_trainer() -> None:
               f"{', '.join(cells)}; with full recompute {dominant_terms(est)}")
 
 
-def layout_ranking() -> None:
+def layout_ranking(source: str, base: dict, runs: list) -> None:
     """One model on one GPU type at several published layouts: the step times predicted, and
     how many pairs of layouts the model orders as the source measured them."""
-    print(f"\n## outside the table: ranking layouts, {MODELZOO} (step time s; error: "
+    print(f"\n## outside the table: ranking layouts, {source} (step time s; error: "
           "published / predicted - 1, positive where the model is too fast)")
     ranked = []
-    for label, code, published, fields in MODELZOO_RUNS:
-        run = run_from_dict({**MODELZOO_BASE, "id": label, **fields})
+    for label, code, published, fields in runs:
+        run = run_from_dict({**base, "id": label, **fields})
         est = predict_run(run)
         ranked.append((published, est.step_time_s))
         fit = "" if est.fits_memory else ", does not fit"
@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         per_micro_batch_fit(out, pattern, label)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
-    layout_ranking()
+    layout_ranking(MODELZOO, MODELZOO_BASE, MODELZOO_RUNS)
+    layout_ranking(BLOOM_LAYOUTS, BLOOM_RUN, BLOOM_LAYOUT_RUNS)
     other_trainer()
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
