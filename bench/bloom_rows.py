@@ -29,8 +29,9 @@ BLOOM = ("BigScience tr11-176B-ml (bigscience-workshop/bigscience train/tr11-176
 # parameter where the model counts 6; with `grad_buffer` true the row reads 91.8 s, -12.7%);
 # after the pipeline flush it all-reduces that buffer (the model's distributed optimizer
 # reduce-scatters it: half the bytes, ~1 s of the step less) and all-gathers the BF16
-# weights, neither overlapped. Not modelled: the script's CUDA_LAUNCH_BLOCKING=1, which the
-# authors measured at "a tiny impact or no impact at all", and the embedding's LayerNorm.
+# weights, neither overlapped. Not modelled: the script's CUDA_LAUNCH_BLOCKING=1 (the README:
+# "a tiny impact or no impact at all"; chronicles-prequel.md measured 0-6% on 80-320 GPUs) and
+# the embedding's LayerNorm.
 BLOOM_RUN = {
     "id": "bloom-176b", "gpu": "a100-80gb", "num_gpus": 384, "gpus_per_node": 8,
     "nic_gbit_per_gpu": 50, "num_layers": 70, "hidden": 14336, "heads": 112,
@@ -55,8 +56,8 @@ BLOOM_LAYOUTS = ("BigScience tr11-176B-ml chronicles-prequel.md (bigscience-work
                  "NLAYERS=70 (the final 176B) of 2022-02-28: 48 nodes of the same cluster, "
                  "BF16_Optimizer and the embedding counted as a pipeline layer, global batch "
                  "2048; seconds per iteration, each the second iteration of one run")
-# The same software and cluster as BLOOM_RUN, a week before the launch; the authors warn that a
-# single (second) iteration "can fluctuate a bit".
+# The same software and cluster as BLOOM_RUN, two weeks before the launch; the authors warn
+# that a single (second) iteration "can fluctuate a bit".
 BLOOM_LAYOUT_RUNS = [
     # label, measured on, published step s, the run's fields over BLOOM_RUN
     ("TP8 PP12 DP4 mbs2 64 heads", "2022-02-28", 121.63,
