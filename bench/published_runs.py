@@ -222,7 +222,7 @@ def other_trainer() -> None:
               f"{', '.join(cells)}; with full recompute {dominant_terms(est)}")
 
 
-def layout_ranking(source: str, base: dict, runs: list) -> None:
+def layout_ranking(source: str, base: dict, runs: list[tuple[str, str, float, dict]]) -> None:
     """One model on one GPU type at several published layouts: the step times predicted, and
     how many pairs of layouts the model orders as the source measured them."""
     print(f"\n## outside the table: ranking layouts, {source} (step time s; error: "
