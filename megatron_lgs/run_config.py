@@ -155,8 +155,8 @@ class PrecisionConfig:
 @dataclass(frozen=True)
 class OptimizerConfig:
     optimizer: str = "adam"
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    lr: float = 1.5e-3
+    min_lr: float = 1.5e-4
     lr_decay_style: str = "cosine"
     lr_decay_iters: int | None = None  # train_iters when unset
     lr_warmup_iters: int = 0
