@@ -269,11 +269,11 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     directory = checkpoint_dir(cfg.load, iteration)
     saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
     if not cfg.finetune:
-        for name in ("config_fingerprint", "data_fingerprint"):
-            accepted = {getattr(state, name)}
-            if name == "data_fingerprint" and datasets and datasets.legacy_fingerprint:
-                accepted.add(datasets.legacy_fingerprint)  # the same data, saved before 2026-12-06
-            if getattr(saved, name) not in accepted:
+        legacy = datasets.legacy_fingerprint if datasets else None  # saved before 2026-12-06
+        accepted = {"config_fingerprint": {state.config_fingerprint},
+                    "data_fingerprint": {state.data_fingerprint, legacy} - {None}}
+        for name, values in accepted.items():
+            if getattr(saved, name) not in values:
                 raise ConfigError(
                     f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
                     f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
