@@ -1,7 +1,7 @@
 """Layout planner: the fastest layouts of a model on N GPUs that fit in memory, predicted.
 
 `python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware PROFILE
---global-batch B`.
+--global-batch B [--gpus-per-node G] [--nic-gbit-per-gpu S]`.
 
 CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`; a bare name is a preset
 first) or a launch config (`launch/configs/gpt-10b.sh`, or a name that is no preset); its own
@@ -203,9 +203,10 @@ def best_flags(spec: str, base: Run, p: Plan) -> str:
     return " ".join(model_args(spec, base) + layout_flags(p, base.global_batch))
 
 
-def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float | None
-            ) -> tuple[Run, Run | None]:
-    """(the model on `gpus` GPUs in a placeholder layout, the config's own layout or None)."""
+def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float | None,
+            gpus_per_node: int = 8) -> tuple[Run, Run | None]:
+    """(the model on `gpus` GPUs in nodes of `gpus_per_node` in a placeholder layout, the
+    config's own layout or None)."""
     from megatron_lgs.lgs.simulate import PRESETS
 
     preset = spec in PRESETS and not spec.endswith(".sh")
@@ -217,7 +218,8 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
     if precision == "fp8" and get_gpu(gpu).fp8_tflops is None:
         raise ValueError(f"{spec} trains in FP8, which {gpu} has no tensor cores for")
     common = dict(model, id=spec, gpu=gpu, nic_gbit_per_gpu=nic, global_batch=gb,
-                  precision=precision, flash_attention=gpu != "v100-32gb")
+                  gpus_per_node=gpus_per_node, precision=precision,
+                  flash_attention=gpu != "v100-32gb")
     base = Run(**common, num_gpus=gpus, tp=1, pp=1, dp=gpus, micro_batch=1)
     ref = None
     if layout["num_gpus"] == gpus:
@@ -293,6 +295,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     ap.add_argument("--hardware", choices=sorted(GPUS), required=True)
     ap.add_argument("--global-batch", type=int, help="sequences (default: the config's)")
     ap.add_argument("--nic-gbit-per-gpu", type=float, help="default: the profile's fabric")
+    ap.add_argument("--gpus-per-node", type=int, default=8,
+                    help="GPUs that share a node's NVLink domain (default: 8, a DGX)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--out-dir", type=Path, help="write LGS heat maps of the best and the "
                                                  "config's layout here")
@@ -302,16 +306,20 @@ def main(argv: list[str] | None = None) -> list[Plan]:
                              a.global_batch is None or a.global_batch >= 1),
                             ("--nic-gbit-per-gpu", a.nic_gbit_per_gpu,
                              a.nic_gbit_per_gpu is None
-                             or 0 < a.nic_gbit_per_gpu < math.inf)):
+                             or 0 < a.nic_gbit_per_gpu < math.inf),
+                            ("--gpus-per-node", a.gpus_per_node, a.gpus_per_node >= 1)):
         if not ok:
             _fail(f"{flag} must be a finite positive number, got {value}")
+    if a.gpus % min(a.gpus, a.gpus_per_node):
+        _fail(f"--gpus {a.gpus} do not fill nodes of --gpus-per-node {a.gpus_per_node}")
     if a.out_dir:  # before the search, which takes a while
         try:
             a.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             _fail(f"--out-dir {a.out_dir}: {e.strerror}")
     try:
-        base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu)
+        base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu,
+                            a.gpus_per_node)
     except (ValueError, KeyError) as e:
         _fail(str(e))
     if next(layouts(base), None) is None:
@@ -322,7 +330,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     print(f"# {LABEL}")
     for caveat in caveats(a.hardware, base):
         print(f"# {caveat}")
-    print(f"# {a.model} on {a.gpus} x {a.hardware}, global batch {base.global_batch}: "
+    print(f"# {a.model} on {a.gpus} x {a.hardware} ({base.gpus_per_node} a node), global batch "
+          f"{base.global_batch}: "
           f"{len(cands)} layouts fit in memory")
     if not top:
         print("no layout fits in memory", file=sys.stderr)

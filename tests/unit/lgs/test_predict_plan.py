@@ -189,7 +189,9 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--gpus", "0"], "--gpus"), (["--top", "0"], "--top"),
     (["--global-batch", "0"], "--global-batch"), (["--nic-gbit-per-gpu", "0"], "--nic-gbit"),
     (["--nic-gbit-per-gpu", "inf"], "--nic-gbit"), (["--nic-gbit-per-gpu", "nan"], "--nic-gbit"),
-    (["--gpus", "11"], "no layout of gpt-10b divides 11 GPUs"),
+    (["--gpus", "11", "--gpus-per-node", "1"], "no layout of gpt-10b divides 11 GPUs"),
+    (["--gpus-per-node", "0"], "--gpus-per-node"),
+    (["--gpus", "12"], "--gpus 12 do not fill nodes of --gpus-per-node 8"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
 ])
@@ -200,6 +202,22 @@ def test_planner_bad_input_is_one_line(extra: list[str], said: str,
         plan_main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
+    """Nodes of 4 (an A100 cluster such as Perlmutter's): TP 8 leaves the node and pays for it."""
+    plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware",
+               "a100-40gb", "--gpus-per-node", "4", "--top", "1"])
+    out = capsys.readouterr().out
+    assert "16 x a100-40gb (4 a node)" in out, out
+    assert re.search(r"TP inside a node \(<= 4\) vs across: inside .* vs across TP8 .*: inside "
+                     r"faster", out), out
+    base, _ = resolve("launch/configs/gpt-10b.sh", "a100-40gb", 16, None, None,
+                      gpus_per_node=4)
+    tp8 = replace(base, tp=8, etp=8, dp=2, sequence_parallel=True)
+    in_nodes_of_8 = predict_run(replace(tp8, gpus_per_node=8))
+    in_nodes_of_4 = predict_run(tp8)
+    assert in_nodes_of_4.breakdown["tp_comm"] > 2 * in_nodes_of_8.breakdown["tp_comm"]
 
 
 def test_planner_on_a_config_bash_cannot_source_is_one_line(tmp_path: Path,
