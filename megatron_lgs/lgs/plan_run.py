@@ -105,6 +105,30 @@ def _config_name(spec: str) -> tuple[str, Path]:
     return (path.stem, path.parent) if spec.endswith(".sh") else (spec, CONFIGS_DIR)
 
 
+# Optimizer options of the trainer the step model does not time; each needs the distributed
+# optimizer without Megatron-FSDP (a ZeRO-1 row), and several instances replace --lgs. A config
+# that sets one is refused: planned as if it did not, its flag line could fail the trainer.
+UNMODELLED_OPTIMIZER = {
+    "optimizer_cpu_offload": ("--optimizer-cpu-offload",
+                              "the optimizer's step on the host and its PCIe copies", ""),
+    "reduce_scatter_with_fp32_accumulation": (
+        "--reduce-scatter-with-fp32-accumulation",
+        "the all-to-all and local FP32 sum that replace the reduce-scatter", ""),
+    "num_distributed_optimizer_instances": (
+        "--num-distributed-optimizer-instances",
+        "megatron-core's two-level gradient reduction", " without its --lgs flags"),
+}
+
+
+def _check_modelled(cfg, spec: str) -> None:
+    """A one-line error for a config that sets an option of `UNMODELLED_OPTIMIZER`."""
+    defaults = type(cfg.optim)()
+    for field, (flag, what, lgs) in UNMODELLED_OPTIMIZER.items():
+        if getattr(cfg.optim, field) != getattr(defaults, field):
+            raise ValueError(f"{spec} sets {flag}: the step model does not time {what}; plan "
+                             f"without it, then add it to a ZeRO-1 row's flags{lgs}")
+
+
 def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
     """A launch config's fields: one of launch/configs/ at its own world size, any other
     (a user's own .sh) at the GPU count asked for."""
@@ -115,6 +139,7 @@ def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
     argv = config_args(name, cdir)
     world = world_size(name) if cdir.resolve() == CONFIGS_DIR.resolve() else gpus
     cfg = parse_args(argv, world_size=world, prog=f"plan_run: launch config {spec}")
+    _check_modelled(cfg, spec)
     return trainer_run_fields(cfg, world)
 
 

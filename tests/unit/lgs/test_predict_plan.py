@@ -242,6 +242,24 @@ def test_planner_names_the_config_whose_flags_are_bad(tmp_path: Path,
     assert "--no-such-flag" in err[0], err
 
 
+@pytest.mark.parametrize("flag", ["--optimizer-cpu-offload",
+                                  "--reduce-scatter-with-fp32-accumulation",
+                                  "--num-distributed-optimizer-instances 2 --no-save"])
+def test_planner_refuses_optimizer_options_it_does_not_time(flag: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """Each needs a ZeRO-1 layout; planned as if unset, the 10B's best (ZeRO-3) flag line with
+    the option would fail the trainer's validation."""
+    config = Path("launch/configs/gpt-10b.sh").read_text()
+    (tmp_path / "mine.sh").write_text(config.replace("--loss-spike-action skip",
+                                                     f"--loss-spike-action skip {flag}"))
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "16", "--hardware",
+                   "a100-80gb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert f"sets {flag.split()[0]}: the step model does not time" in err[0], err
+
+
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
     for gpu, said in (("h200", True), ("a100-80gb", False)):
         plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware", gpu,
