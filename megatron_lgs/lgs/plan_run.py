@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         if not ok:
             _fail(f"{flag} must be a finite positive number, got {value}")
     if a.gpus % min(a.gpus, a.gpus_per_node):
-        _fail(f"--gpus {a.gpus} do not fill nodes of --gpus-per-node {a.gpus_per_node}")
+        _fail(f"--gpus {a.gpus} does not fill nodes of --gpus-per-node {a.gpus_per_node}")
     if a.out_dir:  # before the search, which takes a while
         try:
             a.out_dir.mkdir(parents=True, exist_ok=True)

@@ -191,7 +191,7 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--nic-gbit-per-gpu", "inf"], "--nic-gbit"), (["--nic-gbit-per-gpu", "nan"], "--nic-gbit"),
     (["--gpus", "11", "--gpus-per-node", "1"], "no layout of gpt-10b divides 11 GPUs"),
     (["--gpus-per-node", "0"], "--gpus-per-node"),
-    (["--gpus", "12"], "--gpus 12 do not fill nodes of --gpus-per-node 8"),
+    (["--gpus", "12"], "--gpus 12 does not fill nodes of --gpus-per-node 8"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
 ])
