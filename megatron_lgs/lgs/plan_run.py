@@ -1,7 +1,7 @@
 """Layout planner: the fastest layouts of a model on N GPUs that fit in memory, predicted.
 
 `python -m megatron_lgs.lgs.plan_run --model CONFIG --gpus N --hardware PROFILE
---global-batch B [--gpus-per-node G] [--nic-gbit-per-gpu S]`.
+--global-batch B [--gpus-per-node G] [--nic-gbit-per-gpu S] [--json FILE]`.
 
 CONFIG is a simulator preset (`gpt-100b`, `gpt-10b`, `gpt-100b-moe`; a bare name is a preset
 first) or a launch config (`launch/configs/gpt-10b.sh`, or a name that is no preset); its own
@@ -10,13 +10,16 @@ predicted beside the planner's best. PROFILE is a GPU of `megatron_lgs/lgs/gpus.
 the fastest layouts that fit in memory with predicted step, MFU, memory and LGS thresholds, a
 flag line for the best, and the answers to: ZeRO-2 against ZeRO-3, TP inside or across nodes,
 what a slower inter-node network costs, how much the bucket thresholds move the step. Every
-number is a prediction of the whole-step model (`stepmodel`).
+number is a prediction of the whole-step model (`stepmodel`). `--json FILE` writes the same as
+one JSON object (`plan_record`); each plan's `run` is a run `simulate predict` takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +38,15 @@ from megatron_lgs.lgs.planner import (
     threshold_sweep,
     with_thresholds,
 )
-from megatron_lgs.lgs.runspec import Run, RunError, check_run, layout_fields, model_fields
+from megatron_lgs.lgs.predict import prediction_record
+from megatron_lgs.lgs.runspec import (
+    Run,
+    RunError,
+    check_run,
+    layout_fields,
+    model_fields,
+    run_to_dict,
+)
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 from megatron_lgs.lgs.workload import pipeline_split
 
@@ -312,6 +323,15 @@ def questions(cands, best: StepEstimate, base: Run) -> list[str]:
     return out
 
 
+def plan_record(spec: str, base: Run, p: Plan) -> dict:
+    """One plan as JSON: its run (a `simulate predict` input), the prediction, LGS's
+    thresholds and the trainer's flags for it."""
+    return {"run": run_to_dict(p.run), **prediction_record(p.estimate),
+            "lgs_thresholds_mb": list(p.thresholds_mb) if p.thresholds_mb else None,
+            "lgs_step_time_s": round(p.threshold_step_s, 6) if p.thresholds_mb else None,
+            "lgs_grid_spread": p.grid_spread, "flags": best_flags(spec, base, p)}
+
+
 def main(argv: list[str] | None = None) -> list[Plan]:
     ap = argparse.ArgumentParser(prog="python -m megatron_lgs.lgs.plan_run",
                                  description=__doc__.splitlines()[0])
@@ -325,6 +345,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--out-dir", type=Path, help="write LGS heat maps of the best and the "
                                                  "config's layout here")
+    ap.add_argument("--json", type=Path, help="also write the plans and answers to this file")
     a = ap.parse_args(argv)
     for flag, value, ok in (("--gpus", a.gpus, a.gpus >= 1), ("--top", a.top, a.top >= 1),
                             ("--global-batch", a.global_batch,
@@ -342,6 +363,9 @@ def main(argv: list[str] | None = None) -> list[Plan]:
             a.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             _fail(f"--out-dir {a.out_dir}: {e.strerror}")
+    if a.json and not (a.json.parent.is_dir() and os.access(a.json.parent, os.W_OK)
+                       and not a.json.is_dir()):
+        _fail(f"--json {a.json}: not a file in a writable folder")
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu,
                             a.gpus_per_node)
@@ -373,22 +397,32 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if best.run.zero == 2:
         print("note: this trainer checkpoints Megatron-FSDP only at ZeRO-3, so the ZeRO-2 "
               "layout runs with --no-save; for a checkpointed run take a ZeRO-1 or ZeRO-3 row")
+    rp = None
     if ref is not None:
         rp = with_thresholds(predict_run(ref))
         print(row("ref", rp) + f"  <- {a.model}'s own layout"
               + ("" if rp.estimate.fits_memory else " (does NOT fit in memory)"))
         print(f"best vs config layout: {rp.estimate.step_time_s / best.estimate.step_time_s:.3f}x")
-    for line in questions(cands, best.estimate, base):
-        print(f"answer: {line}")
+    answers = questions(cands, best.estimate, base)
     lgs_best = best if lgs_applies(best.run) else next(
         (with_thresholds(e) for e in best_of(cands, 1, lgs_applies)), None)
     if lgs_best is None:
-        print("answer: bucket thresholds: no layout LGS applies to (ZeRO 0/1) fits in memory")
+        answers.append("bucket thresholds: no layout LGS applies to (ZeRO 0/1) fits in memory")
     else:
         which = "the best layout" if lgs_best is best else \
             f"the best layout LGS applies to (ZeRO 0/1: {describe(lgs_best.run)})"
-        print(f"answer: bucket thresholds on {which} move the step by "
-              f"{lgs_best.grid_spread:.2%} over the 8-256 MB grid (the 'spread' column)")
+        answers.append(f"bucket thresholds on {which} move the step by "
+                       f"{lgs_best.grid_spread:.2%} over the 8-256 MB grid (the 'spread' column)")
+    for line in answers:
+        print(f"answer: {line}")
+    if a.json:
+        a.json.write_text(json.dumps({
+            "model": a.model, "gpus": a.gpus, "hardware": a.hardware,
+            "gpus_per_node": base.gpus_per_node, "global_batch": base.global_batch,
+            "layouts_fit": len(cands), "caveats": caveats(a.hardware, base),
+            "plans": [plan_record(a.model, base, p) for p in plans],
+            "config_layout": plan_record(a.model, base, rp) if rp else None,
+            "answers": answers}, indent=1) + "\n")
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans

@@ -61,7 +61,7 @@ copy), 12 with FP32 and FP8 weights; see `stepmemory` and `gradbuffer`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
@@ -183,6 +183,7 @@ class Run:
 REQUIRED = ("id", "gpu", "num_gpus", "num_layers", "hidden", "heads", "vocab", "seq_length",
             "tp", "pp", "micro_batch", "global_batch")
 _INTS = {f.name for f in fields(Run) if f.type == "int"}
+_ZERO_ALLOWED = ("num_experts", "zero")  # the other integer fields keep 0 for "the default"
 _BOOLS = {f.name for f in fields(Run) if f.type == "bool"}
 
 
@@ -194,7 +195,7 @@ def _typed(name: str, value: Any) -> Any:
     if name in _INTS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise RunError(name, f"must be an integer, got {value!r}")
-        least = 0 if name == "num_experts" or name == "zero" else 1
+        least = 0 if name in _ZERO_ALLOWED else 1
         if value < least:
             raise RunError(name, f"must be >= {least}, got {value}")
         return value
@@ -219,6 +220,15 @@ def _typed(name: str, value: Any) -> Any:
 def _divides(field: str, what: str, a: int, b: int) -> None:
     if b % a:
         raise RunError(field, f"{what}")
+
+
+def run_to_dict(r: Run) -> dict[str, Any]:
+    """`r` as `run_from_dict` reads it back: the integers Run keeps at 0 for "the default" as
+    null, the recompute modules as a list."""
+    d = asdict(r)
+    d["recompute_modules"] = list(r.recompute_modules)
+    return {k: None if k in _INTS and k not in _ZERO_ALLOWED and v == 0 else v
+            for k, v in d.items()}
 
 
 def run_from_dict(d: dict[str, Any]) -> Run:

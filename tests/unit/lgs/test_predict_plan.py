@@ -33,7 +33,7 @@ from megatron_lgs.lgs.planner import (
     with_thresholds,
 )
 from megatron_lgs.lgs.predict import predict_file
-from megatron_lgs.lgs.runspec import run_from_dict, stage_tensors_per_layer
+from megatron_lgs.lgs.runspec import run_from_dict, run_to_dict, stage_tensors_per_layer
 from megatron_lgs.lgs.simulate import cli
 from megatron_lgs.lgs.stepmodel import predict_run, sync_workload
 from megatron_lgs.lgs.workload import stage_backward
@@ -194,6 +194,8 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--gpus", "12"], "--gpus 12 does not fill nodes of --gpus-per-node 8"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
+    (["--json", "/proc/no/such/plan.json"], "--json /proc/no/such/plan.json: not a file"),
+    (["--json", "/tmp"], "--json /tmp: not a file"),
 ])
 def test_planner_bad_input_is_one_line(extra: list[str], said: str,
                                        capsys: pytest.CaptureFixture) -> None:
@@ -202,6 +204,27 @@ def test_planner_bad_input_is_one_line(extra: list[str], said: str,
         plan_main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_planner_json_is_what_it_prints_and_predict_takes(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    out_file = tmp_path / "plan.json"
+    plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware",
+               "a100-80gb", "--top", "3", "--json", str(out_file)])
+    printed = capsys.readouterr().out.splitlines()
+    plan = json.loads(out_file.read_text())
+    assert (plan["gpus"], plan["gpus_per_node"], plan["global_batch"]) == (16, 8, 512)
+    assert len(plan["plans"]) == 3 and plan["config_layout"] is not None
+    assert f"best flags: {plan['plans'][0]['flags']}" in printed
+    assert [f"answer: {a}" for a in plan["answers"]] == \
+        [line for line in printed if line.startswith("answer: ")]
+    runs = [p["run"] for p in plan["plans"]] + [plan["config_layout"]["run"]]
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    out = io.StringIO()
+    assert predict_file(tmp_path / "runs.json", out=out) == 0
+    again = [json.loads(line)["predicted_step_time_s"] for line in out.getvalue().splitlines()]
+    steps = [p["predicted_step_time_s"] for p in plan["plans"] + [plan["config_layout"]]]
+    assert again == steps and steps[:3] == sorted(steps[:3])
 
 
 def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
@@ -298,6 +321,7 @@ def test_published_rows_cite_and_validate() -> None:
     for row in rows:
         assert row["source"] and row["published"] > 0
         run = run_from_dict(row["run"])
+        assert run_from_dict(json.loads(json.dumps(run_to_dict(run)))) == run, row["run"]["id"]
         # These layouts ran: the memory model must not call them out of memory.
         if row.get("micro_batch") != "not published":
             assert predict_run(run).fits_memory, run.id
