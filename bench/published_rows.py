@@ -422,6 +422,23 @@ FINE_GRAINED_MOE = [
 ]
 
 
+# The table's 25.11 H100 rows on Megatron-Bridge's later releases, outside the table: every
+# DGX-H100 pre-training row of the archive at the same TP, PP, CP, VP, EP and micro-batch as a
+# 25.11 row ("FP8" there, FP8-CS in 25.11's table and the recipes' names), each at a larger
+# global batch than 25.11's. The recipes of those releases were not read for other changes:
+# the model keeps each 25.11 row's knobs and moves only with the batch.
+BRIDGE_LATER = ("Megatron-Bridge docs/performance-summary-archive.md (commit 4ab94dfad of "
+                "2026-08-11), the DGX-H100 pre-training rows of the 26.02-26.06 containers "
+                "at the layouts of the table's 25.11 rows")
+BRIDGE_LATER_RUNS = [
+    # the 25.11 row, its 25.11 figure, the later global batch, {release: tokens/s/GPU}
+    (MEGATRON_BRIDGE_RUN, 1602.0, 256,
+     {"26.02": 1621.0, "26.02.01": 1639.0, "26.04": 1633.0, "26.04.01": 1664.0}),
+    (MEGATRON_BRIDGE_405B_RUN, 292.0, 1536, {"26.02": 311.0, "26.04.01": 328.0, "26.06": 326.0}),
+    (QWEN3_235B_RUN, 1575.0, 8192,
+     {"26.02": 1633.0, "26.02.01": 1611.0, "26.04": 1686.0, "26.04.01": 1712.0}),
+]
+
 # Another trainer on Hopper, outside the table: the model describes Megatron's execution, and
 # this run is torchtitan's. TORCHTITAN's benchmark: Llama 3.1 8B (32 layers, hidden 4096, MLP
 # 14336 with SwiGLU, 32 heads with 8 KV groups, vocabulary 128256, untied, RoPE, no dropout) on

@@ -38,6 +38,8 @@ from bloom_rows import BLOOM_LAYOUT_RUNS, BLOOM_LAYOUTS, BLOOM_RUN, bloom_rows  
 from dgxc_rows import dgxc_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from published_rows import (  # noqa: E402
+    BRIDGE_LATER,
+    BRIDGE_LATER_RUNS,
     FINE_GRAINED_MOE,
     MEGATRON_H100_ROW,
     MODELZOO,
@@ -204,6 +206,21 @@ def fine_grained_moe(table_ids: set[str], table_errors: list[float]) -> None:
     print(summary("table rows with these counted in,", counted_in))
 
 
+def later_releases() -> None:
+    """The table's Megatron-Bridge 25.11 H100 rows at the same layouts on later releases, which
+    ran them at larger global batches: the model's figure at each batch against each release."""
+    print(f"\n## outside the table: the same layouts on later releases, {BRIDGE_LATER} "
+          "(tokens/s/GPU; the model with the 25.11 recipes' knobs at each global batch)")
+    for spec, first, batch, published in BRIDGE_LATER_RUNS:
+        before = tokens_per_gpu(predict_run(run_from_dict(spec)))
+        after = tokens_per_gpu(predict_run(run_from_dict({**spec, "global_batch": batch})))
+        releases = ", ".join(f"{release} {value:.0f} ({after / value - 1:+.1%})"
+                             for release, value in published.items())
+        print(f"{spec['id']:<26} global batch {spec['global_batch']} -> {batch}: predicted "
+              f"{before:.0f} -> {after:.0f} ({after / before - 1:+.1%}); published 25.11 "
+              f"{first:.0f} ({before / first - 1:+.1%}), {releases}")
+
+
 def other_trainer() -> None:
     """torchtitan's Llama 3.1 8B on H200, its op-level activation checkpointing bracketed by
     no recompute and full recompute (`published_rows.TORCHTITAN_RUN`)."""
@@ -346,6 +363,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         per_micro_batch_fit(out, pattern, label)
     strong_scaling()
     fine_grained_moe({row["run"]["id"] for row in out}, errors)
+    later_releases()
     layout_ranking(MODELZOO, MODELZOO_BASE, MODELZOO_RUNS)
     layout_ranking(BLOOM_LAYOUTS, BLOOM_RUN, BLOOM_LAYOUT_RUNS)
     other_trainer()

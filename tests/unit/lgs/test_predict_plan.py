@@ -390,8 +390,15 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     assert all(row["run"]["id"] in out for row in rows)
     assert f"rows {len(rows)}: median |error|" in out
     for section in ("Megatron-LM README strong scaling", "fine-grained MoE",
-                    "ranking layouts", "another trainer on Hopper"):
+                    "ranking layouts", "the same layouts on later releases",
+                    "another trainer on Hopper"):
         assert f"## outside the table: {section}" in out
+    # The README's figures of the later releases: the newest release of each row against the
+    # model at its batch, in the order the README gives them (70B, 405B, 235B).
+    later = re.findall(r"26\.04\.01 \d+ \(([+-][\d.]+%)\)", out)
+    readme = (ROOT / "README.md").read_text()
+    assert len(later) == 3 and f"{later[0]}, {later[1]}, {later[2]} where 25.11" in \
+        " ".join(readme.split()), later
     assert out.count("torchtitan-llama31-8b-") == 2
     # Two ranking checks, the ModelZoo's MoE layouts first: the planner's Hopper header quotes
     # that one, and must say what the bench prints.
