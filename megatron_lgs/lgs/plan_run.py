@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -363,9 +362,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
             a.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             _fail(f"--out-dir {a.out_dir}: {e.strerror}")
-    if a.json and not (a.json.parent.is_dir() and os.access(a.json.parent, os.W_OK)
-                       and not a.json.is_dir()):
-        _fail(f"--json {a.json}: not a file in a writable folder")
+    if a.json:
+        _probe_writable(a.json)
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu,
                             a.gpus_per_node)
@@ -416,7 +414,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     for line in answers:
         print(f"answer: {line}")
     if a.json:
-        a.json.write_text(json.dumps({
+        _write(a.json, json.dumps({
             "model": a.model, "gpus": a.gpus, "hardware": a.hardware,
             "gpus_per_node": base.gpus_per_node, "global_batch": base.global_batch,
             "layouts_fit": len(cands), "caveats": caveats(a.hardware, base),
@@ -426,6 +424,26 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans
+
+
+def _probe_writable(path: Path) -> None:
+    """Fail in one line now, not after the search, if `path` cannot be written; leaves no file."""
+    try:
+        if path.exists():
+            with path.open("a"):
+                pass
+        else:
+            path.touch()
+            path.unlink()
+    except OSError as e:
+        _fail(f"--json {path}: {e.strerror}")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        _fail(f"--json {path}: {e.strerror}")
 
 
 def _fail(message: str) -> NoReturn:

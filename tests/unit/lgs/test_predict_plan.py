@@ -194,8 +194,9 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--gpus", "12"], "--gpus 12 does not fill nodes of --gpus-per-node 8"),
     (["--model", "launch/configs/missing.sh"], "no launch config 'missing'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
-    (["--json", "/proc/no/such/plan.json"], "--json /proc/no/such/plan.json: not a file"),
-    (["--json", "/tmp"], "--json /tmp: not a file"),
+    (["--json", "/proc/no/such/plan.json"], "--json /proc/no/such/plan.json: No such file"),
+    (["--json", "/tmp"], "--json /tmp: Is a directory"),
+    (["--json", "/proc/version"], "--json /proc/version: "),
 ])
 def test_planner_bad_input_is_one_line(extra: list[str], said: str,
                                        capsys: pytest.CaptureFixture) -> None:
