@@ -79,6 +79,22 @@ def unwritable_parent(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def unwritable_file(path: str | os.PathLike[str]) -> str | None:
+    """Why this process could not write a file at `path` (a folder there, a missing or
+    read-only folder, a file the kernel will not open for writing), or None: asked before
+    the work whose result it would hold. Opening it is the test; a file made for it is removed
+    and an existing one left as it was."""
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return e.strerror
+    if not existed:
+        os.unlink(path)
+    return None
+
+
 def check_blend_weights(domain_weights: Sequence[tuple[str, float]],
                         data_path: Sequence[str]) -> None:
     """The weights of a blend, --domain-weights or --data-path W1 DIR1 W2 DIR2 ..., here, not

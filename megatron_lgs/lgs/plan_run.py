@@ -48,6 +48,7 @@ from megatron_lgs.lgs.runspec import (
 )
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 from megatron_lgs.lgs.workload import pipeline_split
+from megatron_lgs.value_checks import unwritable_file
 
 LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
@@ -362,8 +363,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
             a.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             _fail(f"--out-dir {a.out_dir}: {e.strerror}")
-    if a.json:
-        _probe_writable(a.json)
+    if a.json and (why := unwritable_file(a.json)):
+        _fail(f"--json {a.json}: {why}")
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu,
                             a.gpus_per_node)
@@ -424,19 +425,6 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans
-
-
-def _probe_writable(path: Path) -> None:
-    """Fail in one line now, not after the search, if `path` cannot be written; leaves no file."""
-    try:
-        if path.exists():
-            with path.open("a"):
-                pass
-        else:
-            path.touch()
-            path.unlink()
-    except OSError as e:
-        _fail(f"--json {path}: {e.strerror}")
 
 
 def _write(path: Path, text: str) -> None:

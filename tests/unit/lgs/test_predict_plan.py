@@ -419,6 +419,28 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
         assert f"~{round(-int(gap), -1)} ms a step" in HOPPER_CAVEAT
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The benches' and the planner's --json: asked before the work, leaving no file behind
+    and an existing one as it was."""
+    from megatron_lgs.value_checks import unwritable_file
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from published_runs import main
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("[1]")
+    assert unwritable_file(kept) is None and kept.read_text() == "[1]"
+    assert unwritable_file(tmp_path / "new.json") is None and not (tmp_path / "new.json").exists()
+    assert unwritable_file(tmp_path) == "Is a directory"
+    assert unwritable_file(tmp_path / "no" / "x.json") == "No such file or directory"
+    with pytest.raises(SystemExit) as exc:
+        main(["--json", str(tmp_path)])
+    err = capsys.readouterr()
+    assert exc.value.code == 2 and f"--json {tmp_path}: Is a directory" in err.err
+    assert "PREDICTION" not in err.out
+
+
 def _own_config(tmp_path: Path, extra: str) -> str:
     """A user's launch config beside none of launch/configs/: gpt-10b.sh plus `extra`."""
     text = (ROOT / "launch/configs/gpt-10b.sh").read_text().replace("--bf16", f"--bf16 {extra}")
