@@ -42,6 +42,8 @@ from lgs_emulated import (
     run_on_cluster,
 )
 
+from megatron_lgs.value_checks import unwritable_file  # lgs_emulated puts the repo on sys.path
+
 
 # -- worker (one rank) --------------------------------------------------------------------------
 def _cell_steps(w: Worker, ddp, cell: tuple[int, int], steps: int) -> list[float]:
@@ -195,6 +197,8 @@ def main() -> None:
         p.set_defaults(intra_grid=[1, 2, 4, 8], rounds=1, steps=2, hidden_size=256,
                        num_layers=2, tune_max_steps=80)
     a = parse_bench_args(p)
+    if not a.worker and (why := unwritable_file(a.png)):  # before minutes on the cluster
+        p.error(f"--png {a.png}: {why}")
     if a.grid:
         a.intra_grid = a.inter_grid = a.grid
     if a.worker:
