@@ -439,6 +439,7 @@ BRIDGE_LATER_RUNS = [
      {"26.02": 1633.0, "26.02.01": 1611.0, "26.04": 1686.0, "26.04.01": 1712.0}),
 ]
 
+
 # Another trainer on Hopper, outside the table: the model describes Megatron's execution, and
 # this run is torchtitan's. TORCHTITAN's benchmark: Llama 3.1 8B (32 layers, hidden 4096, MLP
 # 14336 with SwiGLU, 32 heads with 8 KV groups, vocabulary 128256, untied, RoPE, no dropout) on

@@ -1,6 +1,6 @@
 """Checks of one flag's value that its type cannot make: ranges (a probability in [0, 1), a
-positive scale), the weights of a --data-path blend, and output folders that must be folders
-the run can write. `validation.validate` calls them with the rules that need several flags.
+positive scale), the weights of a --data-path blend, and output folders and files the run
+must be able to write. `validation.validate` calls them with the rules that need several flags.
 """
 
 from __future__ import annotations
