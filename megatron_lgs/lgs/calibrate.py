@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_lgs.arguments import fail, parse_args
     from megatron_lgs.lgs.topology import gpus_per_node
     from megatron_lgs.platform import get_platform
+    from megatron_lgs.value_checks import unwritable_file
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--out {out}: {e.strerror}", PROG)
     if Path(out).is_dir():
         fail(f"--out {out} is a directory; give the profile's file name", PROG)
+    # Rank 0 writes the profile; only it opens the file now (two ranks probing one path race).
+    if os.environ.get("RANK", "0") == "0" and (why := unwritable_file(out)):
+        fail(f"--out {out}: {why}", PROG)
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     platform = get_platform()
     cfg = parse_args(argv, prog=PROG)  # a bad flag: one line, exit 2

@@ -199,6 +199,7 @@ def test_overlap_probe_tells_work_that_overlaps_from_work_that_competes(one_rank
 @pytest.mark.parametrize("argv,said", [
     (["--out", "/proc/no/such/profile.json"], "No such file"),
     (["--out", "."], "is a directory"),
+    (["--out", "/proc/version"], "--out /proc/version: "),
     (["--hidden-size"], "--out PROFILE.json is required"),
     (["--out", "{tmp}/p.json", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
