@@ -223,17 +223,38 @@ def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> f
     return total
 
 
-def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: float) -> float:
+def _first_buckets(r: Run, w: Workload, stage: int) -> dict[str, float]:
+    """Parameters per gradient group of the bucket the stage's forward reaches first.
+    megatron-core fills a buffer's buckets in backward order, closing one at its default size
+    (`megatron_default_bucket_bytes`), so the first in forward order holds what is left over
+    at the chunk's start (the embedding, on the first stage), or the last bucket closed."""
+    size = megatron_default_bucket_bytes(r.dp * r.cp, 1)
+    first = {DENSE: 0.0, EXPERT: 0.0}
+    closed = dict(first)
+    for op in chunk_ops(w.model, w.layout, stage, r.vpp)[-1]:
+        for g in op.grads:
+            first[g.group] += g.numel
+            if first[g.group] >= size:
+                closed[g.group], first[g.group] = first[g.group], 0.0
+    return {group: first[group] or closed[group] for group in first}
+
+
+def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: float,
+                    first_s: float) -> float:
     """What the distributed optimizer's overlapped parameter all-gather (`gather_s` for the
     stage) leaves exposed. Megatron-core chains the gathers in forward order, one bucket at a
-    time: each is launched when the forward reaches the bucket before it. Chunk 0 hides
-    behind its own first forward (fwd_s / vpp; without virtual stages the first micro-batch's
-    whole forward) and every later chunk behind the pp warm-up forwards of the chunk before it
+    time: each is launched when the forward reaches the bucket before it. The first bucket
+    (`first_s`, `_first_buckets`) is launched when the forward reaches it and waited on at
+    once (`finish_param_sync` in 0.16's param_and_grad_buffer.py; with virtual stages the
+    schedule launches it just before), so it is exposed; the rest of chunk 0 hides behind its
+    own first forward (fwd_s / vpp; without virtual stages the first micro-batch's whole
+    forward) and every later chunk behind the pp warm-up forwards of the chunk before it
     (pp fwd_s / vpp)."""
     chunks = [sum(stage_numel(ops).values())
               for ops in chunk_ops(w.model, w.layout, stage, r.vpp)[::-1]]
     total, step = sum(chunks), fwd_s / r.vpp
-    exposed = max(0.0, gather_s * chunks[0] / total - step)
+    first_s = min(first_s, gather_s * chunks[0] / total)
+    exposed = first_s + max(0.0, gather_s * chunks[0] / total - first_s - step)
     for n in chunks[1:]:
         exposed += max(0.0, gather_s * n / total - r.pp * step)
     return exposed
@@ -368,8 +389,9 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
         opt = memory_time(local * optimizer_bytes_per_param(r), gpu)
         buf = memory_time(step_bytes(r, shard if r.zero >= 2 else n[DENSE] + n[EXPERT]), gpu)
         gather = _gather_time(w, hw, n) if r.zero in (1, 2) else 0.0
-        if r.overlap_param_gather:
-            exposed = _gather_exposed(r, w, k, gather, costs[k].fwd_s)
+        if r.overlap_param_gather and gather:
+            first = _gather_time(w, hw, _first_buckets(r, w, k))
+            exposed = _gather_exposed(r, w, k, gather, costs[k].fwd_s, first)
             hidden = gather - exposed
             gather = exposed + sm_contention(hidden, hidden, gpu, NCCL_COMM_SMS)
         if opt + buf + gather >= after:

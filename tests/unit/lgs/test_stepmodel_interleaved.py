@@ -101,18 +101,34 @@ def test_interleaving_hides_more_of_the_sync_than_one_window() -> None:
 
 
 def test_chained_param_gather_by_hand() -> None:
-    """Chunk 0's gather hides behind its first forward (fwd / vpp), every later chunk's behind
-    the pp warm-up forwards of the chunk before it (pp * fwd / vpp)."""
+    """The first bucket's gather is exposed, the rest of chunk 0's hides behind its first
+    forward (fwd / vpp), every later chunk's behind the pp warm-up forwards of the chunk before
+    it (pp * fwd / vpp)."""
     r = run()
     w = sync_workload(r, link_profile(H100))
-    gather, fwd = 0.8, 0.4
+    gather, fwd, first = 0.8, 0.4, 0.01
     shares = [stage_numel(c)["dense"] for c in chunk_backward(w.model, w.layout, 0, 4)[::-1]]
     total, step = sum(shares), fwd / 4
-    want = max(0.0, gather * shares[0] / total - step)
+    want = first + max(0.0, gather * shares[0] / total - first - step)
     want += sum(max(0.0, gather * n / total - 2 * step) for n in shares[1:])
-    assert _gather_exposed(r, w, 0, gather, fwd) == pytest.approx(want)
+    assert _gather_exposed(r, w, 0, gather, fwd, first) == pytest.approx(want)
     flat = replace(r, vpp=1)
-    assert _gather_exposed(flat, w, 0, gather, fwd) == pytest.approx(gather - fwd)
+    assert _gather_exposed(flat, w, 0, gather, fwd, 0.0) == pytest.approx(gather - fwd)
+    assert _gather_exposed(flat, w, 0, gather, fwd, first) == pytest.approx(gather - fwd)
+    assert _gather_exposed(flat, w, 0, gather, 2 * gather, first) == pytest.approx(first)
+
+
+def test_first_gather_bucket_by_hand() -> None:
+    """Stage 0's first chunk (layers 0-1 and the embedding; TP8, hidden 4096) filled in backward
+    order, one tensor at a time, into buckets of max(40M, 1M x DP 16) = 40M parameters: layer 1
+    (25.17M) and layer 0's fc2 and fc1 weights close one at 41.95M; the MLP norm's weight (h),
+    layer 0's proj (h^2 / 8), its qkv (3 h^2 / 8) with the attention norm's weight (h) and the
+    embedding (32000 x 4096 / 8) are left: the bucket the forward reaches first."""
+    r = run()
+    w = sync_workload(r, link_profile(H100))
+    h = 4096
+    assert stepmodel._first_buckets(r, w, 0) == {
+        "dense": h + h * h // 8 + 3 * h * h // 8 + h + 32000 * h // 8, "expert": 0.0}
 
 
 def test_interleaved_layout_predicts_less_exposed_dp_traffic() -> None:
