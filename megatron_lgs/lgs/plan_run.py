@@ -42,6 +42,7 @@ from megatron_lgs.lgs.runspec import (
     Run,
     RunError,
     check_run,
+    fills_nodes,
     layout_fields,
     model_fields,
     run_to_dict,
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
                             ("--gpus-per-node", a.gpus_per_node, a.gpus_per_node >= 1)):
         if not ok:
             _fail(f"{flag} must be a finite positive number, got {value}")
-    if a.gpus % min(a.gpus, a.gpus_per_node):
+    if not fills_nodes(a.gpus, a.gpus_per_node):
         _fail(f"--gpus {a.gpus} does not fill nodes of --gpus-per-node {a.gpus_per_node}")
     if a.out_dir:  # before the search, which takes a while
         try:

@@ -222,6 +222,11 @@ def _divides(field: str, what: str, a: int, b: int) -> None:
         raise RunError(field, f"{what}")
 
 
+def fills_nodes(num_gpus: int, gpus_per_node: int) -> bool:
+    """Whether `num_gpus` make whole nodes of `gpus_per_node` (or part of one node)."""
+    return gpus_per_node >= 1 and num_gpus % min(num_gpus, gpus_per_node) == 0
+
+
 def run_to_dict(r: Run) -> dict[str, Any]:
     """`r` as `run_from_dict` reads it back: the integers Run keeps at 0 for "the default" as
     null, the recompute modules as a list."""
@@ -352,7 +357,7 @@ def check_run(r: Run) -> None:
                                        f"({r.num_micro_batches}) divisible by pp {r.pp}")
     if r.cp > 1 and r.seq_length % (2 * r.cp):
         raise RunError("seq_length", f"seq_length {r.seq_length} not divisible by 2 x cp")
-    if r.gpus_per_node < 1 or r.num_gpus % min(r.num_gpus, r.gpus_per_node):
+    if not fills_nodes(r.num_gpus, r.gpus_per_node):
         raise RunError("gpus_per_node", f"{r.num_gpus} GPUs do not fill nodes of "
                                         f"{r.gpus_per_node}")
     if r.num_experts:
