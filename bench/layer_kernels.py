@@ -38,7 +38,7 @@ from megatron_lgs.lgs.kernels import flash_attention_time, gemm_time, memory_tim
 from megatron_lgs.lgs.layercost import attention_blocks  # noqa: E402
 from megatron_lgs.lgs.plan_run import HOPPER  # noqa: E402
 from megatron_lgs.lgs.runspec import Run  # noqa: E402
-from megatron_lgs.value_checks import unwritable_file  # noqa: E402
+from megatron_lgs.value_checks import output_file  # noqa: E402
 
 DEFAULT_ROWS = ("megatron-h100-1.7B", "megatron-h100-177B", "megatron-moe-mixtral-8x7b")
 # torch.cuda.get_device_name() substrings -> the profile the kernels are compared with.
@@ -345,13 +345,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seconds", type=float, default=1.0, help="per kernel (default 1)")
     ap.add_argument("--ceiling-seconds", type=float, default=0.0,
                     help="first time 8192^3 GEMMs for this long per precision (default: skip)")
-    ap.add_argument("--json", type=Path, help="results, rewritten after each row")
+    ap.add_argument("--json", type=output_file, help="results, rewritten after each row")
     ap.add_argument("--summarize", type=Path, metavar="JSON",
                     help="measure nothing: read a results file and print each row's kernel "
                          "ratios against the published step")
     a = ap.parse_args(argv)
-    if a.json and (why := unwritable_file(a.json)):  # before the work, not after it
-        ap.error(f"--json {a.json}: {why}")
     if a.summarize:
         return {"summary": summarize(a.summarize)}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

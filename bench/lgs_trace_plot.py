@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_lgs.lgs.trace import THREADS  # noqa: E402
-from megatron_lgs.value_checks import unwritable_file  # noqa: E402
+from megatron_lgs.value_checks import output_file  # noqa: E402
 
 LANES = {tid: name for name, tid in THREADS.items()}  # the trace's thread ids -> lanes
 BACKWARD = THREADS["backward"]
@@ -110,11 +110,9 @@ def plot(traces: dict[int, list[dict]], origins: dict[int, float], out: Path, xl
 def main(argv: list[str] | None = None) -> dict[int, dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace_dir", type=Path)
-    ap.add_argument("--out", type=Path, help="PNG to write (text only without it)")
+    ap.add_argument("--out", type=output_file, help="PNG to write (text only without it)")
     ap.add_argument("--step", type=int, help="traced step to draw (default: the last)")
     a = ap.parse_args(argv)
-    if a.out and (why := unwritable_file(a.out)):
-        ap.error(f"--out {a.out}: {why}")
     files = sorted(a.trace_dir.glob("lgs_trace_rank*.json"))
     if not files:
         raise SystemExit(f"lgs_trace_plot: no lgs_trace_rank*.json in {a.trace_dir}")

@@ -31,7 +31,7 @@ from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_st
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
 from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
-from megatron_lgs.value_checks import unwritable_file  # noqa: E402
+from megatron_lgs.value_checks import output_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -320,10 +320,8 @@ def precision_pairs(out: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> list[float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", type=Path, help="also write the rows and predictions here")
+    ap.add_argument("--json", type=output_file, help="also write the rows and predictions here")
     a = ap.parse_args(argv)
-    if a.json and (why := unwritable_file(a.json)):  # before the work, not after it
-        ap.error(f"--json {a.json}: {why}")
     print("# PREDICTION of the whole-step model (megatron_lgs/lgs/stepmodel.py) against "
           "published throughput")
     head = (f"{'run':<26} {'layout':<23} {'published':>9} {'predicted':>9} {'error':>7} "

@@ -35,7 +35,7 @@ from megatron_lgs.lgs.runspec import Run, check_run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import predict_run  # noqa: E402
 from megatron_lgs.model import rope_fusion  # noqa: E402
 from megatron_lgs.training import Trainer  # noqa: E402
-from megatron_lgs.value_checks import unwritable_file  # noqa: E402
+from megatron_lgs.value_checks import output_file  # noqa: E402
 
 # First match wins: kernel names (cuBLAS / CUTLASS / cuDNN / FlashAttention / NCCL / apex and
 # torch's multi-tensor optimizers) and, on a CPU, aten operator names.
@@ -121,10 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
                                   description=__doc__.splitlines()[0])
     ap.add_argument("--skip", type=int, default=3, help="steps before profiling (default 3)")
     ap.add_argument("--steps", type=int, default=3, help="steps profiled (default 3)")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=output_file)
     a, trainer_argv = ap.parse_known_args(argv)
-    if a.json and (why := unwritable_file(a.json)):  # before the work, not after it
-        ap.error(f"--json {a.json}: {why}")
     cfg = parse_args([*trainer_argv, "--no-save", "--train-iters", str(a.skip + a.steps)],
                      prog=ap.prog)
     trainer = Trainer(cfg, pretrain_gpt.model_provider, pretrain_gpt.forward_step,

@@ -5,9 +5,11 @@ must be able to write. `validation.validate` calls them with the rules that need
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from data_pipeline.loader import parse_data_path
 from megatron_lgs.run_config import Config, ConfigError
@@ -93,6 +95,15 @@ def unwritable_file(path: str | os.PathLike[str]) -> str | None:
     if not existed:
         os.unlink(path)
     return None
+
+
+def output_file(text: str) -> Path:
+    """argparse type of a file a command writes when its work is done: refused at parse time
+    (`unwritable_file`), not after the work."""
+    why = unwritable_file(text)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text}: {why}")
+    return Path(text)
 
 
 def check_blend_weights(domain_weights: Sequence[tuple[str, float]],

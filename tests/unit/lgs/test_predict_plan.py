@@ -437,7 +437,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(
     with pytest.raises(SystemExit) as exc:
         main(["--json", str(tmp_path)])
     err = capsys.readouterr()
-    assert exc.value.code == 2 and f"--json {tmp_path}: Is a directory" in err.err
+    assert exc.value.code == 2 and f"argument --json: {tmp_path}: Is a directory" in err.err
     assert "PREDICTION" not in err.out
 
 
