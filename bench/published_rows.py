@@ -323,6 +323,7 @@ QWEN3_235B_RECIPE_RUN = {
     "num_layers": 94, "hidden": 4096, "heads": 64, "moe_ffn_hidden": 1536, "tp": 2, "pp": 8,
     "vpp": 4, "ep": 32, "global_batch": 2048, "account_for_embedding_in_pipeline_split": True,
     "account_for_loss_in_pipeline_split": True, "moe_a2a_overlap": True,
+    "delay_wgrad_compute": True,
     "recompute": "selective", "recompute_modules": ["moe_act"]}
 
 
@@ -338,12 +339,13 @@ MODELZOO = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md (commit
             "as pipeline layers)")
 NORM_ACT = {"recompute": "selective", "recompute_modules": ["layernorm", "moe_act"]}
 MODELZOO_BASE = {key: value for key, value in QWEN3_235B_RECIPE_RUN.items()
-                 if key not in ("recompute", "recompute_modules", "moe_a2a_overlap")}
+                 if key not in ("recompute", "recompute_modules", "moe_a2a_overlap",
+                                "delay_wgrad_compute")}
 MODELZOO_RUNS = [
     # label, code, published step s, the run's fields over MODELZOO_BASE
     ("DeepEP EP32, norm+act", "moe_dev f3e6c5", 19.7, NORM_ACT),
     ("DeepEP EP32, norm+act, EP overlap", "moe_dev f3e6c5", 17.6,
-     {**NORM_ACT, "moe_a2a_overlap": True}),
+     {**NORM_ACT, "moe_a2a_overlap": True, "delay_wgrad_compute": True}),
     ("DeepEP EP8, FSDP, full recompute", "main 1e057005", 17.6,
      {"ep": 8, "pp": 1, "vpp": 1, "zero": 3, "micro_batch": 4, "recompute": "full"}),
     ("all-to-all EP8, norm+act", "main 1e057005", 24.2,
@@ -403,8 +405,9 @@ QWEN3_30B_RUN = {"id": "bridge-qwen3-30b-a3b-fp8", "gpu": "h100-sxm", "num_gpus"
                  "etp": 1, "micro_batch": 2, "global_batch": 512, "precision": "fp8",
                  "fp8_recipe": "current", "swiglu": True, "num_experts": 128, "moe_topk": 8,
                  "moe_ffn_hidden": 768, "distributed_optimizer": True,
-                 "grad_reduce_in_fp32": False, "moe_a2a_overlap": True, "qk_layernorm": True,
-                 "dropout": 0.0, "position_embedding": "rope"}
+                 "grad_reduce_in_fp32": False, "moe_a2a_overlap": True,
+                 "delay_wgrad_compute": True, "qk_layernorm": True, "dropout": 0.0,
+                 "position_embedding": "rope"}
 # Qwen3-235B-A22B: 94 layers, hidden 4096, 64 heads of 128 with 4 KV groups, 128 experts of
 # 1536, top-8; 256 H100, TP2 (sequence parallel, no TP overlap: the H100 recipe turns it off)
 # PP8 VP4 EP32 (expert TP 1), the embedding and the loss counted as pipeline layers (the

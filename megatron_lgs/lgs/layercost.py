@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile
 from megatron_lgs.lgs.kernels import flash_attention_time, gemm_fwd_bwd, memory_time
-from megatron_lgs.lgs.moecost import expert_activation_bytes, moe_mlp, overlap_all_to_all
-from megatron_lgs.lgs.runspec import Run
+from megatron_lgs.lgs.moecost import (
+    ExpertNode,
+    expert_activation_bytes,
+    moe_mlp,
+    overlap_all_to_all,
+)
+from megatron_lgs.lgs.runspec import RECOMPUTE_MODULES, Run
 from megatron_lgs.lgs.tpcomm import (
     expert_tp_comm,
     tp_collectives,
@@ -93,14 +98,14 @@ def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
     return f1, f2, fp * act, bp * act
 
 
-def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of one layer's FP8 casts: forward the inputs of the four
-    GEMMs (QKV and FC1 after their norms, sequence-sharded with SP; projection and FC2
-    head-sharded), backward their output gradients (QKV, FC1 head-sharded; projection and FC2
-    sequence-sharded, cast before the all-gather). MoE: the experts' grouped GEMMs in FP8, the
-    router in BF16."""
+def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float, float, float]:
+    """(forward, backward) HBM bytes of one layer's FP8 casts, and of those the MLP's: forward
+    the inputs of the four GEMMs (QKV and FC1 after their norms, sequence-sharded with SP;
+    projection and FC2 head-sharded), backward their output gradients (QKV, FC1 head-sharded;
+    projection and FC2 sequence-sharded, cast before the all-gather). MoE: the experts' grouped
+    GEMMs in FP8, the router in BF16."""
     if r.precision != "fp8":
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     t, h = r.tp, r.hidden
     sp = t if r.sequence_parallel else 1
     q, fused = FP8_QUANTIZE_BYTES[r.fp8_recipe], FP8_NORM_FUSED_BYTES[r.fp8_recipe]
@@ -116,7 +121,7 @@ def _fp8_quantize_bytes(r: Run, tok: float) -> tuple[float, float]:
         norm_in = 2 * tok / sp * h
     fwd = fused * norm_in + q * (tok * r.q_dim / t + mlp_in)
     bwd = q * (tok * (r.q_dim + 2 * r.kv_dim) / t + tok / sp * h + mlp_grads)
-    return fwd, bwd
+    return fwd, bwd, q * mlp_in, q * mlp_grads
 
 
 def _host_bound(r: Run, c: Cost) -> None:
@@ -171,9 +176,10 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     column, row = [qkv], [proj]
     moe_fwd = 0.0
     if r.num_experts:
-        mf, mb, elem_f, elem_b, a2a = moe_mlp(r, gpu, hw, tok)
-        c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = a2a
-        moe_fwd = mf + memory_time(elem_f, gpu) + a2a
+        moe = moe_mlp(r, gpu, hw, tok)
+        mf, mb, elem_f, elem_b = moe.fwd, moe.bwd, moe.elem_f, moe.elem_b
+        c.fwd["moe_all_to_all"] = c.bwd["moe_all_to_all"] = moe.a2a
+        moe_fwd = mf + memory_time(elem_f, gpu) + moe.a2a
     else:
         f1, f2, elem_f, elem_b = _dense_mlp(r, gpu, tok)
         mf, mb = f1[0] + f2[0], f1[1] + f1[2] + f2[1] + f2[2]
@@ -196,7 +202,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     # Norms, bias-dropout-adds (h-sized, sequence-sharded with SP): 11 passes fwd, 13 bwd.
     sp = t if r.sequence_parallel else 1
     act = tok / sp * h * 2
-    q_fwd, q_bwd = _fp8_quantize_bytes(r, tok)
+    q_fwd, q_bwd, q_mlp_f, q_mlp_b = _fp8_quantize_bytes(r, tok)
     # Query/key norms (Qwen3): one read and one write of this rank's Q and K forward, three
     # passes backward (input, output gradient, input gradient), BF16.
     qk_bytes = tok * (r.q_dim + r.kv_dim) / t * 2
@@ -215,18 +221,31 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
         kv_bytes = tok * 2 * r.kv_dim / t * 2
         ring = (r.cp - 1) * (link.alpha_s + kv_bytes / link.bandwidth_Bps)
         c.fwd["cp_comm"], c.bwd["cp_comm"] = max(0.0, ring - af), max(0.0, 2 * ring - ab)
+    recompute = (selective_recompute(r, gpu, tok, af, score, moe_fwd, act)
+                 if r.recompute == "selective" else 0.0)
     if r.moe_a2a_overlap:
-        overlap_all_to_all(r, gpu, c.fwd, c.bwd)
+        # The expert-TP gather and scatter run inside dispatch and combine, on their stream.
+        for d in (c.fwd, c.bwd):
+            d["tp_comm"] -= expert_tp
+            d["moe_all_to_all"] += expert_tp
+        experts_recompute = selective_recompute(
+            r, gpu, tok, 0.0, 0.0, moe_fwd, 0.0, modules=("moe", "moe_act"))
+        experts = ExpertNode(
+            moe.experts_fwd + memory_time(elem_f + q_mlp_f, gpu),
+            moe.experts_dgrad + memory_time(elem_b + q_mlp_b, gpu) + experts_recompute,
+            moe.experts_wgrad)
+        overlap_all_to_all(r, gpu, c.fwd, c.bwd, experts, qkv[2] + proj[2], recompute)
     _host_bound(r, c)
     if r.recompute == "full":
         c.bwd["recompute"] = sum(v for k, v in c.fwd.items())
     elif r.recompute == "selective":
-        c.bwd["recompute"] = selective_recompute(r, gpu, tok, af, score, moe_fwd, act)
+        c.bwd["recompute"] = recompute
     return c
 
 
 def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: float,
-                        score_bytes: float, moe_fwd: float, hidden_bytes: float) -> float:
+                        score_bytes: float, moe_fwd: float, hidden_bytes: float,
+                        modules: tuple[str, ...] = RECOMPUTE_MODULES) -> float:
     """The forward work Megatron-LM's selective recompute runs again in one layer's backward,
     by module: core_attn the attention forward (with its softmax passes when unfused), moe the
     whole MoE block's forward, `moe_fwd` (router, dispatch, experts and combine: megatron-core
@@ -234,7 +253,7 @@ def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: floa
     layernorm an MoE layer's pre-MLP norm (one read and one write of the sequence-sharded
     hidden state, `hidden_bytes`; megatron-core 0.16 `transformer_layer.py` skips the norms
     Transformer Engine fuses into the next GEMM, which are all the others)."""
-    modules = r.recompute_modules
+    modules = [m for m in r.recompute_modules if m in modules]
     t = 0.0
     if "core_attn" in modules:
         t += attention_fwd + memory_time(4.5 * score_bytes, gpu)

@@ -5,16 +5,30 @@ all-to-alls with another micro-batch's compute. Every time is a prediction.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from megatron_lgs.lgs.costmodel import HardwareProfile
-from megatron_lgs.lgs.gpus import GpuProfile
-from megatron_lgs.lgs.kernels import all_to_all_time, gemm_fwd_bwd, nccl_beside
+from megatron_lgs.lgs.gpus import NCCL_COMM_SMS, GpuProfile
+from megatron_lgs.lgs.kernels import all_to_all_time, gemm_fwd_bwd, gemm_time, sm_contention
 from megatron_lgs.lgs.runspec import Run
 
 
-def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
-            ) -> tuple[float, float, float, float, float]:
-    """(GEMM fwd, GEMM bwd, element-wise bytes fwd, bwd, all-to-all per direction) of an MoE
-    layer with balanced routing."""
+class MoeMlp(NamedTuple):
+    """An MoE layer's MLP on one GPU, one micro-batch, balanced routing: seconds, and bytes of
+    element-wise traffic."""
+
+    fwd: float            # GEMMs forward: the routed experts and the router
+    bwd: float
+    elem_f: float         # element-wise bytes forward (activation, permutes) and backward
+    elem_b: float
+    a2a: float            # all-to-all per direction, dispatch and combine
+    experts_fwd: float    # the routed experts' GEMMs alone, forward,
+    experts_dgrad: float  # their data gradients
+    experts_wgrad: float  # and their weight gradients
+
+
+def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float) -> MoeMlp:
+    """An MoE layer's MLP with balanced routing (`MoeMlp`)."""
     t, h, p, e = r.tp, r.hidden, r.precision, r.num_experts
     mats = 2 if r.swiglu else 1
     f = r.expert_ffn / r.etp
@@ -25,6 +39,8 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
     router = gemm_fwd_bwd(tok / t, e, h, gpu, p)
     fwd = local * (f1[0] + f2[0]) + router[0]
     bwd = local * (f1[1] + f2[1]) + router[1]
+    wgrad = local * (gemm_time(h, f * mats, per_expert, gpu, p)
+                     + gemm_time(f, h, per_expert, gpu, p))
     bp = 5 if r.swiglu else 3
     # Activation, then permute and unpermute of each token copy (read + write each way).
     copies = local * per_expert
@@ -36,7 +52,8 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float
         sent = tok / t * r.moe_topk * h * 2
         intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
         a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
-    return fwd, bwd, elem_f, elem_b, a2a
+    return MoeMlp(fwd, bwd, elem_f, elem_b, a2a, local * (f1[0] + f2[0]),
+                  local * (f1[1] + f2[1]) - wgrad, wgrad)
 
 
 def _holds_one(experts: int, group: int, k: int) -> float:
@@ -80,17 +97,77 @@ def expert_activation_bytes(r: Run, tok: float) -> float:
     return copies * (3 if r.swiglu else 2) * r.expert_ffn / r.etp * 2
 
 
-def overlap_all_to_all(r: Run, gpu: GpuProfile, fwd: dict[str, float], bwd: dict[str, float]
-                       ) -> None:
+class ExpertNode(NamedTuple):
+    """The compute megatron-core's fine-grained schedule runs between an MoE layer's dispatch
+    and combine (0.16 `fine_grained_callables.submodule_moe_forward`: the routed experts, their
+    activation and permutes), seconds; the rest of the layer is its attention node."""
+
+    fwd: float
+    dgrad: float  # backward without the weight gradients: data gradients, element-wise work
+    wgrad: float
+
+
+def _layer_pair(a_f: float, m_f: float, a_b: float, a_dw: float, m_b: float, m_dw: float,
+                comm_f: float, comm_b: float, layers: int) -> float:
+    """Mean seconds of one layer of megatron-core 0.16's fine-grained 1F1B
+    (`TransformerLayerSchedulePlan.run`), one micro-batch's forward (attention a_f, experts
+    m_f) beside another's backward (a_b then its weight gradients a_dw, m_b then m_dw), over a
+    model chunk of `layers`. Two streams, each in its issue order, each op waiting for its
+    inputs: compute a_f, m_b, m_dw, m_f, a_b, a_dw; communication the backward's combine, the
+    forward's dispatch, the backward's dispatch, the forward's combine (each `comm_f` forward,
+    `comm_b` backward). A layer's forward input is the last one's combine, its output gradient
+    the last one's a_b, so a_dw runs beside the next layer's first all-to-all."""
+    comm = comp = grad = out = 0.0
+    for _ in range(layers):
+        cb = max(comm, grad) + comm_b
+        af = max(comp, out) + a_f
+        df = max(cb, af) + comm_f
+        mb = max(af, cb) + m_b
+        db = max(df, mb) + comm_b
+        mf = max(mb + m_dw, df) + m_f
+        cf = max(db, mf) + comm_f
+        ab = max(mf, db) + a_b
+        comm, comp, grad, out = cf, ab + a_dw, ab, cf
+    return max(comm, comp) / layers
+
+
+def overlap_all_to_all(r: Run, gpu: GpuProfile, fwd: dict[str, float], bwd: dict[str, float],
+                       experts: ExpertNode, attn_wgrad: float, recompute: float) -> None:
     """megatron-core's EP all-to-all overlap (`overlap_moe_expert_parallel_comm`, 0.16's
     `combined_1f1b.py`): in the 1F1B steady state one micro-batch's forward and another's
-    backward run layer by layer together, each one's all-to-alls beside the other's compute
-    (on NCCL's SMs). The warm-up forwards, one more than the schedule's own, and as many
-    cool-down backwards run alone and keep theirs exposed: the first stage's share of them,
-    the largest, is taken for every stage. `fwd`, `bwd`: one layer's terms, updated."""
+    backward run layer by layer together (`_layer_pair`), an all-to-all beside the other's
+    compute of the same phase on the GPU's other SMs (NCCL's 16, HybridEP's default); with
+    `delay_wgrad_compute` the weight gradients run apart from the data gradients, after them,
+    so the backward's dispatch starts earlier. The warm-up forwards, one more than the
+    schedule's own, and as many cool-down backwards run alone and keep theirs exposed: the
+    first stage's share of them, the largest, is taken for every stage. `fwd`, `bwd`: one
+    layer's terms, updated; `experts`, `attn_wgrad` (the attention node's weight gradients)
+    and `recompute` (the layer's selective recompute, the experts' share in `experts.dgrad`)
+    split its compute into the schedule's nodes."""
     warm = 1 if r.pp == 1 else 2 * (r.pp - 1) + (r.vpp - 1) * r.pp + 1
     alone = min(1.0, warm / (r.num_micro_batches * r.vpp))
     a2a_f, a2a_b = fwd["moe_all_to_all"], bwd["moe_all_to_all"]
-    busy_f, busy_b = sum(fwd.values()) - a2a_f, sum(bwd.values()) - a2a_b
-    fwd["moe_all_to_all"] = alone * a2a_f + (1 - alone) * nccl_beside(a2a_f, busy_b, gpu)
-    bwd["moe_all_to_all"] = alone * a2a_b + (1 - alone) * nccl_beside(a2a_b, busy_f, gpu)
+    busy_f = sum(fwd.values()) - a2a_f
+    busy_b = sum(bwd.values()) - a2a_b + recompute
+    a_f, m_f = busy_f - experts.fwd, experts.fwd
+    if r.delay_wgrad_compute:
+        m_b, m_dw, a_dw = experts.dgrad, experts.wgrad, attn_wgrad
+    else:
+        m_b, m_dw, a_dw = experts.dgrad + experts.wgrad, 0.0, 0.0
+    a_b = busy_b - m_b - m_dw - a_dw
+    disp_f, disp_b = a2a_f / 2, a2a_b / 2  # dispatch and combine move the same bytes
+
+    def slowed(compute: float, comm: float) -> float:
+        return compute + sm_contention(compute, comm, gpu, NCCL_COMM_SMS)
+
+    # Each compute op beside the all-to-all of its phase: a_f the backward's combine, m_b the
+    # forward's dispatch, m_dw and m_f the backward's dispatch, a_b and a_dw the forward's
+    # combine.
+    pair = _layer_pair(slowed(a_f, disp_b), slowed(m_dw + m_f, disp_b) - m_dw,
+                       slowed(a_b + a_dw, disp_f) - a_dw, a_dw, slowed(m_b, disp_f), m_dw,
+                       disp_f, disp_b,
+                       max(1, round(r.num_layers / (r.pp * r.vpp))))
+    exposed = max(0.0, pair - busy_f - busy_b)
+    share_f = a2a_f / (a2a_f + a2a_b)
+    fwd["moe_all_to_all"] = alone * a2a_f + (1 - alone) * exposed * share_f
+    bwd["moe_all_to_all"] = alone * a2a_b + (1 - alone) * exposed * (1 - share_f)

@@ -34,8 +34,11 @@ account_for_loss_in_pipeline_split (false), with Megatron-LM's flag names, recom
 (null: full recompute of every layer; N: Megatron's block method, the first N layers of each
 model chunk), moe_a2a_overlap (false; true: megatron-core's EP all-to-all overlap,
 --overlap-moe-expert-parallel-comm, Bridge's moe_a2a_overlap; it needs ep > 1, virtual stages
-when pp > 1 and no full recompute), qk_layernorm (false; true: a norm on each query and key
-head, Qwen3's, --qk-layernorm), position_embedding (learned_absolute, Megatron-LM's
+when pp > 1 and no full recompute), delay_wgrad_compute (false; true: with moe_a2a_overlap,
+megatron-core's --delay-wgrad-compute, weight gradients apart from and after the data
+gradients, as Megatron-LM's, Megatron-Bridge's and the ModelZoo's overlap recipes set it),
+qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm),
+position_embedding (learned_absolute, Megatron-LM's
 --position-embedding-type default; rope: rotary embeddings applied to every query and key,
 charged as element-wise passes; none), rope_fusion (true, Megatron-LM's default: Transformer
 Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torch ops; read only
@@ -133,6 +136,7 @@ class Run:
     recompute_num_layers: int = 0
     head_dim: int = 0  # 0: hidden / heads
     moe_a2a_overlap: bool = False
+    delay_wgrad_compute: bool = False
     qk_layernorm: bool = False
     position_embedding: str = "learned_absolute"
     rope_fusion: bool = True
@@ -383,6 +387,10 @@ def check_run(r: Run) -> None:
     if r.moe_a2a_overlap and (r.ep == 1 or r.recompute == "full" or (r.pp > 1 and r.vpp == 1)):
         raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap needs ep > 1, "
                                           "no full recompute and, with pp > 1, virtual stages")
+    if r.delay_wgrad_compute and not r.moe_a2a_overlap:
+        raise RunError("delay_wgrad_compute", "megatron-core 0.16 delays the weight gradients "
+                                              "only with the EP all-to-all overlap "
+                                              "(moe_a2a_overlap)")
     if r.zero >= 2 and r.pp > 1:
         raise RunError("zero", "Megatron-FSDP (zero 2/3) is modelled without pipeline "
                                "parallelism (pp 1)")

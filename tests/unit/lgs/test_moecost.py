@@ -10,8 +10,9 @@ import pytest
 
 from megatron_lgs.lgs.costmodel import all_gather_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
+from megatron_lgs.lgs.kernels import gemm_time
 from megatron_lgs.lgs.layercost import layer_cost
-from megatron_lgs.lgs.moecost import flex_dispatch_time, moe_mlp
+from megatron_lgs.lgs.moecost import _layer_pair, flex_dispatch_time, moe_mlp
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict
 from megatron_lgs.lgs.stepmemory import (
     activation_bytes,
@@ -21,6 +22,7 @@ from megatron_lgs.lgs.stepmemory import (
     states_bytes,
 )
 from megatron_lgs.lgs.stepmodel import compute_phase, predict_run, stage_params
+from megatron_lgs.lgs.tpcomm import expert_tp_comm
 
 A100 = get_gpu("a100-80gb")
 # 16 GPUs, EP8 over two nodes, 8 experts top-2: 4 micro-batches of one sequence per rank.
@@ -38,21 +40,80 @@ def _beside(comm: float, compute: float) -> float:
     return max(0.0, comm - compute) + min(comm * 16 / 108, compute * 16 / 92)
 
 
-def test_all_to_all_overlap_by_hand() -> None:
-    hw = link_profile(A100)
-    plain = layer_cost(run(), A100, hw)
-    both = layer_cost(run(moe_a2a_overlap=True), A100, hw)
+def test_fine_grained_layer_pair_by_hand() -> None:
+    """megatron-core's fine-grained 1F1B on two streams, one layer: the backward's combine (3)
+    beside the attention forward (1); the forward's dispatch (1.5) beside the experts' data
+    gradients (2), which wait for that combine; the backward's dispatch (3) after them, beside
+    the experts' weight gradients (1) and forward (2); the forward's combine (1.5) beside the
+    attention backward (2) and its weight gradients (0.5)."""
+    parts = (1.0, 2.0, 2.0, 0.5, 2.0, 1.0)  # a_f, m_f, a_b, a_dw, m_b, m_dw
+    # cb 0-3, af 0-1, df 3-4.5, mb 3-5, db 5-8, m_dw 5-6, mf 6-8, cf 8-9.5, ab 8-10, a_dw -10.5
+    assert _layer_pair(*parts, 1.5, 3.0, 1) == 10.5
+    # The next layer starts at the last one's combine (9.5) and attention backward (10): cb
+    # 10-13, af 10.5-11.5, df 13-14.5, mb 13-15, db 15-18, mf 16-18, cf 18-19.5, ab 18-20, a_dw
+    # 20-20.5.
+    assert _layer_pair(*parts, 1.5, 3.0, 2) == pytest.approx(20.5 / 2)
+    assert _layer_pair(*parts, 0.0, 0.0, 3) == pytest.approx(sum(parts))
+    assert _layer_pair(0, 0, 0, 0, 0, 0, 1.5, 3.0, 2) == pytest.approx(2 * (1.5 + 3.0))
+
+
+def _overlapped(r: Run, plain) -> tuple[float, float]:
+    """(forward, backward) all-to-all of one layer under the overlap, from the plain layer's
+    terms split into the schedule's nodes by hand: the experts' GEMMs and element-wise bytes
+    (`moe_mlp`) between dispatch and combine, the rest of the layer the attention node; weight
+    gradients apart with delay_wgrad_compute."""
+    hw = link_profile(A100, r.gpus_per_node, r.nic_gbit_per_gpu)
+    hbm = 2039e9 * HBM_EFFICIENCY
+    moe = moe_mlp(r, A100, hw, r.micro_batch * r.seq_length)
     a2a = plain.fwd["moe_all_to_all"]
-    busy_f, busy_b = plain.fwd_s - a2a, plain.bwd_s - plain.bwd["moe_all_to_all"]
+    busy_f, busy_b = plain.fwd_s - a2a, plain.bwd_s - a2a
+    m_f = moe.experts_fwd + moe.elem_f / hbm
+    m_b, m_dw = moe.experts_dgrad + moe.elem_b / hbm, moe.experts_wgrad
+    # One local expert (8 on EP8) gets a sequence's 2048 tokens x top-2 of the group's 8: 4096.
+    assert m_dw == pytest.approx(gemm_time(4096, 2 * 16384, 4096, A100, "bf16")
+                                 + gemm_time(16384, 4096, 4096, A100, "bf16"))
+    if r.delay_wgrad_compute:
+        # The attention node's weight gradients: QKV (4096 -> 3 x 4096) and projection, 2048
+        # tokens.
+        a_dw = (gemm_time(4096, 3 * 4096, 2048, A100, "bf16")
+                + gemm_time(4096, 4096, 2048, A100, "bf16"))
+    else:
+        a_dw = 0.0
+        m_b, m_dw = m_b + m_dw, 0.0
+    a_b = busy_b - m_b - m_dw - a_dw
+    f = 16 / 108  # NCCL's SMs of an A100's
+
+    def slowed(compute: float, comm: float) -> float:
+        return min(compute + comm * f, compute / (1 - f))
+
+    half = a2a / 2
+    pair = _layer_pair(slowed(busy_f - m_f, half), slowed(m_dw + m_f, half) - m_dw,
+                       slowed(a_b + a_dw, half) - a_dw, a_dw, slowed(m_b, half), m_dw,
+                       half, half, r.num_layers // (r.pp * r.vpp))
+    exposed = pair - busy_f - busy_b
+    return exposed / 2, exposed / 2
+
+
+# EP8 over two nodes of 4 GPUs at 25 Gb/s a GPU: the all-to-alls outlast the compute beside
+# them in some phases.
+SLOW = {"gpus_per_node": 4, "nic_gbit_per_gpu": 25}
+
+
+@pytest.mark.parametrize("kw", [{}, SLOW, {**SLOW, "delay_wgrad_compute": True}])
+def test_all_to_all_overlap_by_hand(kw) -> None:
+    r = run(**{k: v for k, v in kw.items() if k != "delay_wgrad_compute"})
+    hw = link_profile(A100, r.gpus_per_node, r.nic_gbit_per_gpu)
+    plain = layer_cost(r, A100, hw)
+    both = layer_cost(replace(r, moe_a2a_overlap=True, **kw), A100, hw)
+    a2a = plain.fwd["moe_all_to_all"]
     assert plain.fwd["host_overhead"] == plain.bwd["host_overhead"] == 0.0
     assert a2a == plain.bwd["moe_all_to_all"] > 0
     # 4 micro-batches: the first forward and the last backward run alone (1/4 of each).
-    alone = 1 / run().num_micro_batches
+    alone = 1 / r.num_micro_batches
     assert alone == 1 / 4
-    assert both.fwd["moe_all_to_all"] == pytest.approx(
-        alone * a2a + (1 - alone) * _beside(a2a, busy_b))
-    assert both.bwd["moe_all_to_all"] == pytest.approx(
-        alone * a2a + (1 - alone) * _beside(a2a, busy_f))
+    fwd, bwd = _overlapped(replace(r, moe_a2a_overlap=True, **kw), plain)
+    assert both.fwd["moe_all_to_all"] == pytest.approx(alone * a2a + (1 - alone) * fwd)
+    assert both.bwd["moe_all_to_all"] == pytest.approx(alone * a2a + (1 - alone) * bwd)
     assert both.fwd["moe_all_to_all"] < a2a and both.bwd["moe_all_to_all"] < a2a
     for term in ("gemm", "attention", "elementwise"):
         assert both.fwd[term] == plain.fwd[term] and both.bwd[term] == plain.bwd[term]
@@ -61,14 +122,14 @@ def test_all_to_all_overlap_by_hand() -> None:
 def test_interleaved_warm_up_keeps_its_all_to_all() -> None:
     # PP2 VP2 over 32 micro-batch chunks: the first stage runs 2 (pp - 1) + (vp - 1) pp + 1 = 5
     # forwards alone, the schedule's warm-up and the one more the overlap adds.
-    hw = link_profile(A100)
-    r = run(pp=2, vpp=2, num_gpus=32, global_batch=256)
+    r = run(pp=2, vpp=2, num_gpus=32, global_batch=256, **SLOW)
+    hw = link_profile(A100, r.gpus_per_node, r.nic_gbit_per_gpu)
     assert r.num_micro_batches * r.vpp == 32
     plain, both = layer_cost(r, A100, hw), layer_cost(replace(r, moe_a2a_overlap=True), A100, hw)
     a2a = plain.fwd["moe_all_to_all"]
-    busy_b = plain.bwd_s - plain.bwd["moe_all_to_all"]
-    assert both.fwd["moe_all_to_all"] == pytest.approx(
-        5 / 32 * a2a + 27 / 32 * _beside(a2a, busy_b))
+    fwd, _ = _overlapped(replace(r, moe_a2a_overlap=True), plain)
+    assert fwd > 0
+    assert both.fwd["moe_all_to_all"] == pytest.approx(5 / 32 * a2a + 27 / 32 * fwd)
 
 
 def test_all_to_all_overlap_never_slows_the_step() -> None:
@@ -112,7 +173,7 @@ def test_selective_recompute_modules_by_hand() -> None:
     assert recompute(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
     # moe: the whole block's forward again, router, experts, permutes and both all-to-alls.
     plain = run()
-    mf, _, elem_f, _, a2a = moe_mlp(plain, A100, hw, tok)
+    mf, _, elem_f, _, a2a, *_ = moe_mlp(plain, A100, hw, tok)
     assert recompute(["moe"]) == pytest.approx(mf + elem_f / hbm + a2a)
     assert recompute(["moe", "moe_act"]) == recompute(["moe"])
     for modules in (["moe_act"], ["layernorm"], ["moe"], ["core_attn", "moe_act", "layernorm"]):
@@ -210,3 +271,22 @@ def test_megatron_fsdp_beside_tp_and_ep_by_hand() -> None:
     with pytest.raises(RunError, match="zero") as info:
         run(tp=2, etp=1, zero=3, pp=2, global_batch=32, num_gpus=32)
     assert "pipeline" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_delayed_weight_gradients_need_the_overlap() -> None:
+    with pytest.raises(RunError, match="delay_wgrad_compute") as info:
+        run(delay_wgrad_compute=True)
+    assert "\n" not in str(info.value)
+
+
+def test_expert_tp_traffic_joins_the_overlapped_all_to_alls() -> None:
+    """Under the overlap the expert-TP gather and scatter run inside dispatch and combine, on
+    the communication stream, so they leave the layer's TP term."""
+    r = run(tp=2, num_gpus=32, global_batch=128, **SLOW)
+    assert r.etp == 2
+    hw = link_profile(A100, r.gpus_per_node, r.nic_gbit_per_gpu)
+    plain, both = layer_cost(r, A100, hw), layer_cost(replace(r, moe_a2a_overlap=True), A100, hw)
+    gathers = expert_tp_comm(r, hw, r.micro_batch * r.seq_length)
+    assert gathers > 0
+    assert both.fwd["tp_comm"] == pytest.approx(plain.fwd["tp_comm"] - gathers)
+    assert both.bwd["tp_comm"] == pytest.approx(plain.bwd["tp_comm"] - gathers)
