@@ -4,6 +4,9 @@ their one-line errors."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 from dataclasses import replace
 
 import pytest
@@ -290,3 +293,20 @@ def test_expert_tp_traffic_joins_the_overlapped_all_to_alls() -> None:
     assert gathers > 0
     assert both.fwd["tp_comm"] == pytest.approx(plain.fwd["tp_comm"] - gathers)
     assert both.bwd["tp_comm"] == pytest.approx(plain.bwd["tp_comm"] - gathers)
+
+
+def test_layer_pair_replays_megatron_cores_order() -> None:
+    """`_layer_pair` replays the op order of megatron-core 0.16's
+    `TransformerLayerSchedulePlan.run`; when an upgrade reorders it, this fails before the
+    model silently pairs the wrong phases. The first attention backward is the
+    `ep_overlap_early_attn_memory_release` branch, off by default and not modelled."""
+    module = importlib.import_module("megatron.core.models.common.model_chunk_schedule_plan")
+    source = inspect.getsource(module.TransformerLayerSchedulePlan.run)
+    ops = re.findall(r"\b([fb])_layer\.(attn|mlp|moe_dispatch|moe_combine)\."
+                     r"(forward|backward_dw|backward)\(", source)
+    assert [f"{d} {node} {op}" for d, node, op in ops] == [
+        "b moe_combine backward", "f attn forward", "b mlp backward", "f moe_dispatch forward",
+        "b mlp backward_dw", "b moe_dispatch backward", "b attn backward", "f mlp forward",
+        "f moe_combine forward", "b attn backward", "b attn backward_dw"]
+    assert "if b_layer is not None and b_layer.config.ep_overlap_early_attn_memory_release:" \
+        in source
