@@ -307,10 +307,11 @@ MEGATRON_RECIPES = ("Megatron-LM examples/moe_recipes/README.md, 'Median TFLOP/s
 # Qwen3-30B-A3B on 32 H100: TP1 PP1 EP8, micro-batch 1, global batch 256, no recompute, no EP
 # overlap. Qwen3-235B-A22B on 256 H100: TP2 (sequence parallel) PP8 EP32, 3 layers a virtual
 # stage with the embedding and the loss counted as layers (96 / 24: V4), micro-batch 1, global
-# batch 2048, the EP overlap, selective recompute of moe_act and layernorm; megatron-core skips
-# the pre-MLP norm's recompute under the recipe's router CUDA graph with the flex dispatcher
-# (`can_recompute_pre_mlp_layernorm_for_cudagraph` in transformer_layer.py of the same commit)
-# and the other norms are fused into TE's GEMMs, so moe_act alone is recomputed.
+# batch 2048, the EP overlap with delayed weight gradients, selective recompute of moe_act and
+# layernorm; megatron-core skips the pre-MLP norm's recompute under the recipe's router CUDA
+# graph with the flex dispatcher (`can_recompute_pre_mlp_layernorm_for_cudagraph` in
+# transformer_layer.py of the same commit) and the other norms are fused into TE's GEMMs, so
+# moe_act alone is recomputed.
 QWEN3_30B_RECIPE_RUN = {
     "id": "recipe-qwen3-30b-a3b-bf16", "gpu": "h100-sxm", "num_gpus": 32, "num_layers": 48,
     "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "vocab": 151936,
@@ -390,7 +391,8 @@ STRONG_SCALING = [(96, 0.47), (4608, 0.42)]
 # Fine-grained MoE (experts narrower than the hidden size) on DGX-H100, FP8, force-balanced
 # routing, from MEGATRON_BRIDGE's file, which keeps the previous release's table below its own:
 # the 25.11 container (dropless) and the 25.09 one (token dropping), at the same layouts. Both
-# recipes overlap the EP all-to-all with another micro-batch (`moe_a2a_overlap`). The model
+# recipes overlap the EP all-to-all with another micro-batch (`moe_a2a_overlap`), with delayed
+# weight gradients (Bridge's scripts/performance/utils/overrides.py sets both). The model
 # counts the router's GEMM and the permutation's memory traffic (`moecost`), not the host work
 # per local expert, which cannot explain the 30B's gap (README). Qwen3-235B-A22B's 25.11 figure
 # is a table row (MEGATRON_BRIDGE); Qwen3-30B-A3B stays outside, its error unexplained.
