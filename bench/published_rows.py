@@ -130,6 +130,31 @@ def narayanan_rows() -> list[dict]:
     return rows
 
 
+MEGATRON_GPT3_2021 = ("Megatron-LM README, 'GPT-3 Example' (since commit 152aab304d of "
+                      "2021-01-11, unchanged at f2e5db402c): GPT-3 175B on 1024 A100, 'each "
+                      "iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU'")
+MEGATRON_GPT3_2021_SCRIPT = ("Megatron-LM examples/pretrain_gpt3_175B.sh at 152aab304d (the "
+                             "README's script for that figure)")
+
+
+def megatron_gpt3_2021_rows() -> list[dict]:
+    """GPT-3 175B as the README's script runs it: TP8 PP16 on 128 nodes (DP 8), micro-batch 1,
+    global batch 1536 (the figure is at the full batch, after the ramp-up), sequence 2048, FP16,
+    full recompute (--checkpoint-activations), the container of 2020-12 and Megatron-LM of
+    2021-01: as the Narayanan rows' code, with --DDP-impl local (its default: the all-reduce
+    after the backward) and no interleaving, but before the pipeline's scatter-gather (commit
+    27fc468964, 2021-01-20), so each TP rank sends the whole activation. The 138 TFLOP/s are
+    what a 32 s step gives in Narayanan et al.'s convention (recompute counted); the README
+    gives no memory size, which the step does not depend on at this layout."""
+    return [{"source": MEGATRON_GPT3_2021, "published": 138.0,
+             "metric": "TFLOP/s/GPU (with recompute)", "layout_source": MEGATRON_GPT3_2021_SCRIPT,
+             "run": {**MEGATRON_LM_A100, "id": "megatron-readme-gpt3-175b", "num_gpus": 1024,
+                     "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 8, "pp": 16,
+                     "vpp": 1, "micro_batch": 1, "global_batch": 1536, "recompute": "full",
+                     "sequence_parallel": False, "overlap_grad_reduce": False,
+                     "tp_async_backward": False, "p2p_scatter_gather": False}}]
+
+
 # What the rows of that README share: H100, vocabulary 131072, sequence 4096, BF16, no
 # recompute, distributed optimizer, TE's TP communication overlap.
 MEGATRON_H100_ROW = {"gpu": "h100-sxm", "vocab": 131072, "seq_length": 4096, "micro_batch": 1,

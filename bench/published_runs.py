@@ -53,6 +53,7 @@ from published_rows import (  # noqa: E402
     korthikanti_rows,
     long_context_rows,
     megatron_bridge_rows,
+    megatron_gpt3_2021_rows,
     megatron_h100_rows,
     megatron_moe_rows,
     megatron_recipe_rows,
@@ -65,7 +66,8 @@ UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
 
 def published_rows() -> list[dict]:
     """The table's rows, source by source."""
-    return (narayanan_rows() + korthikanti_rows() + megatron_h100_rows() + megatron_moe_rows()
+    return (narayanan_rows() + megatron_gpt3_2021_rows() + korthikanti_rows()
+            + megatron_h100_rows() + megatron_moe_rows()
             + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
             + mlperf_rows() + mlperf_llama_rows() + dgxc_rows() + bloom_rows())
 
