@@ -253,6 +253,41 @@ MEGATRON_BRIDGE_8B_RUN = {
     "recompute": "full", "recompute_num_layers": 5, "tp_comm_overlap": False}
 
 
+MEGATRON_LLAMA = ("Megatron-LM examples/llama/README.md, 'FP8 Performance' (commit bf6e99859f of "
+                  "2025-06-14), with NeMo's performance scripts of the same day, whose "
+                  "configuration the README says it follows (NVIDIA/NeMo 7cc8bbb59e: "
+                  "scripts/performance/recommended_model_configs/model_configs_h100.csv, "
+                  "helpers.py, llm/pretrain_llama3_70b.py, llm/pretrain_llama31_405b.py, "
+                  "nemo/collections/llm/recipes/precision/mixed_precision.py, "
+                  "recipes/llama31_405b.py)")
+# Llama 3 8B, 70B and 3.1 405B on H100, FP8: layout, micro-batch, global batch and sequence in
+# the README's table, which names no software release. The knobs are those scripts': FP8 with
+# delayed scaling (hybrid format, bf16_with_fp8_mixed), FP8 weights (fp8_param_gather), BF16
+# gradient reduction, distributed optimizer with overlapped gradient reduction and parameter
+# gathers, no recompute, TE's TP overlap where TP > 1 (userbuffers), the 405B's embedding and
+# loss counted as pipeline layers; the models as the Megatron-Bridge rows above (the README's
+# own 8B script, examples/llama/train_llama3_8b_h100_fp8.sh, sets the same FP8 flags).
+MEGATRON_LLAMA_RUN = {**MEGATRON_BRIDGE_RUN, "fp8_recipe": "delayed", "fp8_params": True}
+MEGATRON_LLAMA_RUNS = [
+    # id, tokens/s/GPU, the run's fields over MEGATRON_LLAMA_RUN
+    ("mlm-llama3-8b-fp8", 13812.0,
+     {"num_gpus": 8, "num_layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32,
+      "tp": 1, "pp": 1, "vpp": 1, "cp": 2, "tp_comm_overlap": False}),
+    ("mlm-llama3-70b-fp8", 1621.0, {}),
+    ("mlm-llama31-405b-fp8", 315.0,
+     {"num_gpus": 1024, "num_layers": 126, "hidden": 16384, "ffn_hidden": 53248, "heads": 128,
+      "tp": 8, "cp": 2, "vpp": 8, "global_batch": 512,
+      "account_for_embedding_in_pipeline_split": True,
+      "account_for_loss_in_pipeline_split": True}),
+]
+
+
+def megatron_llama_rows() -> list[dict]:
+    return [{"source": MEGATRON_LLAMA, "published": tokens, "metric": "tokens/s/GPU",
+             "run": {**MEGATRON_LLAMA_RUN, "id": run_id, **fields}}
+            for run_id, tokens, fields in MEGATRON_LLAMA_RUNS]
+
+
 def megatron_bridge_rows() -> list[dict]:
     return [{"source": MEGATRON_BRIDGE, "published": 14451.0, "metric": "tokens/s/GPU",
              "run": MEGATRON_BRIDGE_8B_RUN},

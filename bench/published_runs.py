@@ -55,6 +55,7 @@ from published_rows import (  # noqa: E402
     megatron_bridge_rows,
     megatron_gpt3_2021_rows,
     megatron_h100_rows,
+    megatron_llama_rows,
     megatron_moe_rows,
     megatron_recipe_rows,
     narayanan_rows,
@@ -68,7 +69,8 @@ def published_rows() -> list[dict]:
     """The table's rows, source by source."""
     return (narayanan_rows() + megatron_gpt3_2021_rows() + korthikanti_rows()
             + megatron_h100_rows() + megatron_moe_rows()
-            + megatron_bridge_rows() + nemo_rows() + megatron_recipe_rows() + long_context_rows()
+            + megatron_bridge_rows() + megatron_llama_rows() + nemo_rows() + megatron_recipe_rows()
+            + long_context_rows()
             + mlperf_rows() + mlperf_llama_rows() + dgxc_rows() + bloom_rows())
 
 
