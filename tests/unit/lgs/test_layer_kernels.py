@@ -23,6 +23,7 @@ from layer_kernels import (  # noqa: E402
     summarize,
 )
 from mlperf_rows import mlperf_llama_rows, mlperf_rows  # noqa: E402
+from published_rows import megatron_llama_rows  # noqa: E402
 from published_runs import predicted, published_rows  # noqa: E402
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile  # noqa: E402
@@ -109,11 +110,13 @@ def test_the_recorded_h200_measurement_summarizes() -> None:
     """The file the README's kernel figures come from holds every Hopper row the table had on
     2026-12-04, each measured, in the table's order; the rows added since (Megatron-Bridge's
     Llama 3 8B, Megatron-LM's MoE recipes of 2026, the ModelZoo's long-context runs, MLPerf's
-    GPT-3 and Llama 3.1 runs, NVIDIA's DGX Cloud recipes) await a GPU run."""
+    GPT-3 and Llama 3.1 runs, NVIDIA's DGX Cloud recipes, Megatron-LM's Llama README of 2025)
+    await a GPU run."""
     path = Path(__file__).resolve().parents[3] / "bench/measured/h200-2026-12-04/layer_kernels.json"
     measured = [g["row"] for g in summarize(path)]
     later = ["bridge-llama3-8b-fp8", "recipe-qwen3-30b-a3b-bf16", "recipe-qwen3-235b-a22b-bf16",
              *(f"modelzoo-qwen3-235b-{k}k" for k in (16, 32, 64, 128)),
-             *(row["run"]["id"] for row in mlperf_rows() + mlperf_llama_rows() + dgxc_rows())]
+             *(row["run"]["id"] for row in mlperf_rows() + mlperf_llama_rows() + dgxc_rows()
+               + megatron_llama_rows())]
     assert sorted(measured + later) == sorted(hopper_rows())
     assert measured == [row for row in hopper_rows() if row not in later]
