@@ -42,15 +42,19 @@ def gemm_time(m: float, n: float, k: float, gpu: GpuProfile, precision: str,
     return count * max(compute, memory)
 
 
+def gemm_parts(m: float, n: float, k: float, gpu: GpuProfile, precision: str
+               ) -> tuple[float, float, float]:
+    """(forward, data gradient, weight gradient) of one linear layer: y = x W with x (m x k),
+    W (k x n); the data gradient is (m x n) @ (n x k), the weight gradient (k x m) @ (m x n)."""
+    return (gemm_time(m, n, k, gpu, precision), gemm_time(m, k, n, gpu, precision),
+            gemm_time(k, n, m, gpu, precision))
+
+
 def gemm_fwd_bwd(m: float, n: float, k: float, gpu: GpuProfile, precision: str
                  ) -> tuple[float, float]:
-    """(forward, backward) of one linear layer: y = x W with x (m x k), W (k x n).
-
-    Backward is the data gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n).
-    """
-    fwd = gemm_time(m, n, k, gpu, precision)
-    bwd = gemm_time(m, k, n, gpu, precision) + gemm_time(k, n, m, gpu, precision)
-    return fwd, bwd
+    """(forward, backward) of one linear layer (`gemm_parts`)."""
+    fwd, dgrad, wgrad = gemm_parts(m, n, k, gpu, precision)
+    return fwd, dgrad + wgrad
 
 
 def flash_attention_time(flops_fwd: float, gpu: GpuProfile, q_len: float, kv_len: float

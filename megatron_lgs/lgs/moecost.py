@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import NCCL_COMM_SMS, GpuProfile
-from megatron_lgs.lgs.kernels import all_to_all_time, gemm_fwd_bwd, gemm_time, sm_contention
+from megatron_lgs.lgs.kernels import all_to_all_time, gemm_fwd_bwd, gemm_parts, sm_contention
 from megatron_lgs.lgs.runspec import Run
 
 
@@ -17,14 +17,24 @@ class MoeMlp(NamedTuple):
     """An MoE layer's MLP on one GPU, one micro-batch, balanced routing: seconds, and bytes of
     element-wise traffic."""
 
-    fwd: float            # GEMMs forward: the routed experts and the router
-    bwd: float
+    experts_fwd: float    # the routed experts' GEMMs, forward,
+    experts_dgrad: float  # their data gradients
+    experts_wgrad: float  # and their weight gradients
+    router_fwd: float     # the router's GEMM, forward and backward
+    router_bwd: float
     elem_f: float         # element-wise bytes forward (activation, permutes) and backward
     elem_b: float
     a2a: float            # all-to-all per direction, dispatch and combine
-    experts_fwd: float    # the routed experts' GEMMs alone, forward,
-    experts_dgrad: float  # their data gradients
-    experts_wgrad: float  # and their weight gradients
+
+    @property
+    def fwd(self) -> float:
+        """Every GEMM of the MLP, forward."""
+        return self.experts_fwd + self.router_fwd
+
+    @property
+    def bwd(self) -> float:
+        """Every GEMM of the MLP, backward."""
+        return self.experts_dgrad + self.experts_wgrad + self.router_bwd
 
 
 def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float) -> MoeMlp:
@@ -34,13 +44,10 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float) -> MoeMlp:
     f = r.expert_ffn / r.etp
     local = e // r.ep
     per_expert = tok * r.moe_topk / t * r.etp * r.ep / e
-    f1 = gemm_fwd_bwd(per_expert, f * mats, h, gpu, p)
-    f2 = gemm_fwd_bwd(per_expert, h, f, gpu, p)
+    experts = [local * (a + b) for a, b in zip(gemm_parts(per_expert, f * mats, h, gpu, p),
+                                               gemm_parts(per_expert, h, f, gpu, p),
+                                               strict=True)]
     router = gemm_fwd_bwd(tok / t, e, h, gpu, p)
-    fwd = local * (f1[0] + f2[0]) + router[0]
-    bwd = local * (f1[1] + f2[1]) + router[1]
-    wgrad = local * (gemm_time(h, f * mats, per_expert, gpu, p)
-                     + gemm_time(f, h, per_expert, gpu, p))
     bp = 5 if r.swiglu else 3
     # Activation, then permute and unpermute of each token copy (read + write each way).
     copies = local * per_expert
@@ -52,8 +59,7 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float) -> MoeMlp:
         sent = tok / t * r.moe_topk * h * 2
         intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
         a2a = 2 * all_to_all_time(sent, r.ep, intra_peers, hw.intra, hw.inter)
-    return MoeMlp(fwd, bwd, elem_f, elem_b, a2a, local * (f1[0] + f2[0]),
-                  local * (f1[1] + f2[1]) - wgrad, wgrad)
+    return MoeMlp(*experts, *router, elem_f, elem_b, a2a)
 
 
 def _holds_one(experts: int, group: int, k: int) -> float:

@@ -176,8 +176,8 @@ def test_selective_recompute_modules_by_hand() -> None:
     assert recompute(["moe_act", "layernorm"], num_experts=0, ep=1) == 0.0
     # moe: the whole block's forward again, router, experts, permutes and both all-to-alls.
     plain = run()
-    mf, _, elem_f, _, a2a, *_ = moe_mlp(plain, A100, hw, tok)
-    assert recompute(["moe"]) == pytest.approx(mf + elem_f / hbm + a2a)
+    moe = moe_mlp(plain, A100, hw, tok)
+    assert recompute(["moe"]) == pytest.approx(moe.fwd + moe.elem_f / hbm + moe.a2a)
     assert recompute(["moe", "moe_act"]) == recompute(["moe"])
     for modules in (["moe_act"], ["layernorm"], ["moe"], ["core_attn", "moe_act", "layernorm"]):
         steps = [predict_run(run(**kw)).step_time_s for kw in (
