@@ -30,7 +30,14 @@ DGXC = ("NVIDIA/dgxc-benchmarking release v24.11.1 (commit 35a9aec, 2024-11), 'E
 # (10 B), beside FP8 weights a whole FP32 copy (12 B); Nemotron-4 340B's `dtype: bf16` keeps
 # BF16 moments and no copy (4 B), with FP8 weights a BF16 copy (6 B). The GPT-3 and
 # Nemotron-4 340B recipes set NVTE_FUSED_ATTN=0 (TE's flash-attn backend, not cuDNN's), which
-# the model does not tell apart: one fused-attention rate per GPU.
+# the model does not tell apart: one fused-attention rate per GPU. The amax reduction of FP8's
+# delayed scaling: every recipe exports NVTE_DP_AMAX_REDUCE_INTERVAL=0 and
+# NVTE_ASYNC_AMAX_REDUCTION=1 (TP-only, asynchronous), which Transformer Engine read until its
+# 1.6 (removed in 73f8d90fe, 2024-04-12); NeMo 24.09 runs TE 1.10 (NVIDIA's "Software Component
+# Versions" page), so the Nemotron-4 and Llama 3.1 runs reduce over TP x DP x CP, blocking (NeMo
+# 1's tp_only_amax_red default, which no recipe sets). NeMo 24.05 lists TE "1.6.0.dev0", and
+# NeMo's CI image of that month (Dockerfile.ci at 526b6ade4b) pins TE bfe21c3d6 of 2024-04-07,
+# before the removal: the GPT-3 175B runs taken as TP-only.
 NEMOTRON = {"swiglu": False, "dropout": 0.0, "position_embedding": "rope"}  # squared ReLU
 DGXC_MODELS = {
     # layers, hidden, ffn, heads, kv heads, vocab before padding, sequence, family
@@ -84,5 +91,6 @@ def dgxc_rows() -> list[dict]:
                         "global_batch": batch, "recompute": recompute,
                         "precision": precision, "fp8_params": True,
                         "distributed_optimizer": True, "optimizer_state_bytes": state,
-                        "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False}})
+                        "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False,
+                        "tp_only_amax_red": model == "gpt3-175b"}})
     return rows

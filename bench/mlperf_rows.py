@@ -32,6 +32,14 @@ MLPERF = ("MLCommons MLPerf Training, GPT-3 175B on H100, rounds 3.1 (2023-11), 
 # blocks): counted once. Round 3.0's logs time the whole run as one block: no step time.
 # Network: 400 Gb/s per GPU on every system (DGX H100 with 8 NDR NICs; Azure ND H100 v5 and
 # OCI BM.GPU.H100.8 are built the same; Supermicro's log leaves its network blank).
+# The amax reduction of FP8's delayed scaling (`tp_only_amax_red`): round 3.1's config_common.sh
+# exports NVTE_DP_AMAX_REDUCE_INTERVAL=0 and NVTE_ASYNC_AMAX_REDUCTION=1, which its Transformer
+# Engine (TE_REVISION of October 2023) reads: TP only. Round 4.0 exports the same, but its TE
+# (v1.6rc1, 9e4091e7) no longer reads them (removed in 73f8d90fe) and its custom.yaml has no
+# tp_only_amax_red, NeMo 1's default being false: TP x DP, blocking. Round 4.1's custom.yaml sets
+# tp_only_amax_red (default True); Oracle's folder is NVIDIA's 24.09 implementation (the same
+# Dockerfile but for the base image's registry, the same callbacks and config_common.sh but for
+# SHARP and its cluster's settings) without its conf/: taken with NVIDIA's custom.yaml.
 MLPERF_GPT3 = {"gpu": "h100-sxm", "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 4,
                "vocab": 50688, "seq_length": 2048, **GPT3, "dropout": 0.0, "precision": "fp8",
                "distributed_optimizer": True, "tp_comm_overlap": True,
@@ -66,7 +74,8 @@ def mlperf_rows() -> list[dict]:
              "run": {**MLPERF_GPT3, "id": f"mlperf{rnd.replace('.', '')}-"
                      f"{system.split('/')[0].split('+')[0].lower()}-{gpus}",
                      "num_gpus": gpus, "pp": pp, "vpp": vp, "micro_batch": mbs,
-                     "global_batch": batch, "fp8_params": fp8_params}}
+                     "global_batch": batch, "fp8_params": fp8_params,
+                     "tp_only_amax_red": rnd != "4.0"}}
             for rnd, system, gpus, batch, pp, vp, mbs, fp8_params, step in MLPERF_RUNS]
 
 
@@ -78,22 +87,23 @@ MLPERF_LLAMA = ("MLCommons MLPerf Training, Llama 3.1 pretraining on H100 and H2
                 "times of all runs (tracked_stats; bench/mlperf_steps.py)")
 # NVIDIA's NeMo implementation as each submitter ran it (NeMo 25.01 for the 405B; the 25.08-25.09
 # containers for the 8B; pretrain.py, conf/custom.yaml, config_common*.sh and the system's
-# config_*.sh of each folder): NeMo's Llama 3.1 8B and 405B (Llama31Config8B / 405B: SwiGLU, 8
-# KV heads, RoPE, untied embeddings, no dropout), vocabulary 128256, sequence 8192, micro-batch
-# 1, the log's gradient_accumulation_steps micro-batches a step; TP with sequence parallelism
-# and TE's userbuffer TP overlap, FP8 (delayed scaling unless the config sets FP8_RECIPE
-# tensorwise, TE's current scaling), FP8 weights, no recompute, distributed optimizer with
-# overlapped BF16 gradient reduction (pretrain.py: grad_reduce_in_fp32 False) and parameter
-# gathers, pipeline sends overlapped. The 405B: PP8 CP2, 8 virtual stages, the embedding and the
-# loss counted as pipeline layers (ASYM_PP_EMBED, ASYM_PP_LOSS). Network: 400 Gb/s per GPU (DGX
-# H100's and Nebius's 8 NDR NICs; Cisco's 8 ConnectX-7 400 Gb/s Ethernet; HPE's description
-# gives no speed). Not in the model: HPE's 8B runs attention in FP8 (FP8_DPA) under full-step
-# CUDA graphs (config_common_fp8attn.sh, config_common_cg.sh); the model runs it in BF16.
-# Round 5.1's Nebius H200 405B systems are round 5.0's runs resubmitted (the same blocks):
-# counted once.
+# config_*.sh of each folder): NeMo's Llama 3.1 8B and 405B (Llama31Config8B / 405B: SwiGLU, 8 KV
+# heads, RoPE, untied embeddings, no dropout), vocabulary 128256, sequence 8192, micro-batch 1, the
+# log's gradient_accumulation_steps micro-batches a step; TP with sequence parallelism and TE's
+# userbuffer TP overlap, FP8 (delayed scaling unless the config sets FP8_RECIPE tensorwise, TE's
+# current scaling), FP8 weights, no recompute, distributed optimizer with overlapped BF16 gradient
+# reduction (pretrain.py: grad_reduce_in_fp32 False) and parameter gathers, pipeline sends
+# overlapped, the amax reduction over TP only (custom.yaml's tp_only_amax_red, default True, in
+# every folder). The 405B: PP8 CP2, 8 virtual stages, the embedding and the loss counted as pipeline
+# layers (ASYM_PP_EMBED, ASYM_PP_LOSS). Network: 400 Gb/s per GPU (DGX H100's and Nebius's 8 NDR
+# NICs; Cisco's 8 ConnectX-7 400 Gb/s Ethernet; HPE's description gives no speed). Not in the model:
+# HPE's 8B runs attention in FP8 (FP8_DPA) under full-step CUDA graphs (config_common_fp8attn.sh,
+# config_common_cg.sh); the model runs it in BF16. Round 5.1's Nebius H200 405B systems are round
+# 5.0's runs resubmitted (the same blocks): counted once.
 MLPERF_LLAMA31 = {"vocab": 128256, "seq_length": 8192, "kv_heads": 8, **LLAMA,
                   "precision": "fp8", "fp8_recipe": "delayed", "fp8_params": True,
-                  "distributed_optimizer": True, "tp_comm_overlap": True,
+                  "tp_only_amax_red": True, "distributed_optimizer": True,
+                  "tp_comm_overlap": True,
                   "grad_reduce_in_fp32": False, "micro_batch": 1}
 MLPERF_LLAMA_MODELS = {
     "405b": {"num_layers": 126, "hidden": 16384, "ffn_hidden": 53248, "heads": 128, "pp": 8,

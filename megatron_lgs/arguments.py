@@ -168,6 +168,9 @@ def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
          help="delayed scaling: amax history window (Transformer Engine's own default is 1024)")
     _add(g, "--fp8-amax-compute-algo", pr.fp8_amax_compute_algo, choices=["most_recent", "max"],
          help="delayed scaling: amax of the window (Transformer Engine's own default is max)")
+    _add(g, "--tp-only-amax-red", pr.tp_only_amax_red,
+         help="delayed scaling: reduce the amaxes over TP x CP only, not the data-parallel "
+              "ranks too (a blocking all-reduce twice a micro-batch and model chunk)")
 
     g = p.add_argument_group("optimizer and learning rate")
     _add(g, "--optimizer", o.optimizer, choices=["adam", "sgd"])

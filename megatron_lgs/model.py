@@ -123,6 +123,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         fp8_margin=cfg.precision.fp8_margin,
         fp8_amax_history_len=cfg.precision.fp8_amax_history_len,
         fp8_amax_compute_algo=cfg.precision.fp8_amax_compute_algo,
+        tp_only_amax_red=cfg.precision.tp_only_amax_red,
         # Full weights built once then split; init_weights then redraws every parameter from
         # its global name, so the layout never changes the model.
         use_cpu_initialization=True,

@@ -146,6 +146,10 @@ class PrecisionConfig:
     fp8_margin: int = 0
     fp8_amax_history_len: int = 1
     fp8_amax_compute_algo: str = "most_recent"
+    # Delayed scaling's amax all-reduce over TP x CP only, not the data-parallel ranks too
+    # (megatron-core's default group), as NVIDIA's MLPerf configs run it: off by default, as in
+    # Megatron-LM, since the scales then differ across data-parallel replicas.
+    tp_only_amax_red: bool = False
 
     @property
     def name(self) -> str:

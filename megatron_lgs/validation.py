@@ -120,6 +120,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
+    if pr.tp_only_amax_red and not (pr.fp8_format and pr.fp8_recipe == "delayed"):
+        raise ConfigError("--tp-only-amax-red applies to FP8 delayed scaling (--fp8-format with "
+                          "--fp8-recipe delayed): the other recipes keep no amax history to "
+                          "reduce")
     if pr.fp8_amax_history_len < 1 or pr.fp8_margin < 0:
         raise ConfigError("--fp8-amax-history-len must be at least 1 and --fp8-margin at least 0")
     if (m.max_position_embeddings or m.seq_length) < m.seq_length:

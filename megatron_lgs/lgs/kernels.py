@@ -5,6 +5,8 @@ groups. Constants come from the profile (`gpus`); every time is a prediction.
 
 from __future__ import annotations
 
+import math
+
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
 from megatron_lgs.lgs.gpus import GEMM_HALF_DIM, HBM_EFFICIENCY, NCCL_COMM_SMS, GpuProfile
 
@@ -116,3 +118,30 @@ def all_to_all_time(nbytes_per_rank: float, p: int, intra_peers: int, intra, int
     t_intra = intra_peers * (intra.alpha_s + per_peer / intra.bandwidth_Bps)
     t_inter = inter_peers * inter.alpha_s + inter_peers * per_peer / inter.bandwidth_Bps
     return max(t_intra, t_inter)
+
+
+# NCCL's own latency model of its LL protocol (src/graph/tuning.cc, the same constants from
+# 2.18.1, d97a32fa of 2023-04, to master 5067397c of 2026-06), in us: a base per algorithm,
+# then per hop 0.6 over NVLink and, between nodes, 5.0 a tree level or 2.7 a ring step, each
+# ring step a node sends also paying the host's network post overhead (`getNetOverhead`,
+# 1.0 on Intel CPUs). NCCL runs a collective of a few KB with the algorithm its model puts
+# fastest, so this is what it expects such a collective to take.
+NCCL_LL_BASE_US = {"tree": 6.8, "ring": 6.6}
+NCCL_LL_NVLINK_US = 0.6
+NCCL_LL_NET_US = {"tree": 5.0, "ring": 2.7}
+NCCL_NET_OVERHEAD_US = 1.0
+
+
+def small_allreduce_time(ranks: int, ranks_per_node: int) -> float:
+    """Latency of an all-reduce of a few KB over `ranks` ranks packed `ranks_per_node` to a node:
+    the smaller of NCCL's tree and ring LL latencies (the bytes' own time is negligible)."""
+    if ranks <= 1:
+        return 0.0
+    nodes = -(-ranks // max(1, min(ranks_per_node, ranks)))
+    per_node = ranks // nodes
+    tree = NCCL_LL_BASE_US["tree"] + 2 * ((per_node - 1) * NCCL_LL_NVLINK_US
+                                          + int(math.log2(nodes)) * NCCL_LL_NET_US["tree"])
+    steps, inter = 2 * (ranks - 1), (2 * nodes if nodes > 1 else 0)
+    intra = NCCL_LL_NVLINK_US if nodes == 1 else max(NCCL_LL_NVLINK_US, NCCL_NET_OVERHEAD_US)
+    ring = NCCL_LL_BASE_US["ring"] + (steps - inter) * intra + inter * NCCL_LL_NET_US["ring"]
+    return min(tree, ring) * 1e-6

@@ -57,7 +57,7 @@ HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: 76 of the 79 published H100 runs of bench/published_runs.py "
                  "(2023-2026, BF16 and FP8) were slower than this model predicts, by a median "
                  "11% (BF16 9%, FP8 12%), and all 3 H200 runs (2025, FP8) by 5-10%; NVIDIA's "
-                 "recipes of 2024 that ran in both precisions gained 4-15% less from FP8 than "
+                 "recipes of 2024 that ran in both precisions gained 4-14% less from FP8 than "
                  "it predicts. Their GEMM and "
                  "attention kernels, measured on an H200, run at its times "
                  "(bench/measured/h200-2026-12-04); of the three it predicts slower, two are "
@@ -187,7 +187,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  rope_fusion=m.apply_rope_fusion,
                  dropout=max(m.hidden_dropout, m.attention_dropout), precision=precision)
     if precision == "fp8":  # BF16 weights: the trainer has no FP8 parameters
-        model.update(fp8_recipe=_fp8_recipe(pr.fp8_recipe), fp8_params=False)
+        model.update(fp8_recipe=_fp8_recipe(pr.fp8_recipe), fp8_params=False,
+                     tp_only_amax_red=pr.tp_only_amax_red)
     zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(
         o.data_parallel_sharding_strategy, 1) if o.use_megatron_fsdp else \
         int(o.use_distributed_optimizer)

@@ -27,7 +27,10 @@ FP16 runs always use FP16), fp8_recipe (delayed, Megatron-LM's --fp8-recipe defa
 per-tensor current scaling, NeMo's FP8-CS; read only when precision is fp8), fp8_params (true:
 the weights are FP8 parameters, Megatron-LM's --fp8-param-gather as Megatron-Bridge's FP8
 recipes set it; false: BF16 weights beside Transformer Engine's cached FP8 copy and transpose, 2
-B more a parameter, see `stepmemory`; read only when precision is fp8), and megatron-core's
+B more a parameter, see `stepmemory`; read only when precision is fp8), tp_only_amax_red (false,
+Megatron-LM's default: delayed scaling's amax all-reduce runs over TP x DP x CP; true, its
+--tp-only-amax-red: over TP x CP only; read only with fp8 and fp8_recipe delayed, see
+`stepmodel.fp8_amax_reduction`), and megatron-core's
 uneven pipeline splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers
 (null: the even share) and account_for_embedding_in_pipeline_split /
 account_for_loss_in_pipeline_split (false), with Megatron-LM's flag names, recompute_num_layers
@@ -129,6 +132,7 @@ class Run:
     grad_reduce_in_fp32: bool = True
     fp8_recipe: str = "delayed"
     fp8_params: bool = True
+    tp_only_amax_red: bool = False
     decoder_first_pipeline_num_layers: int = 0
     decoder_last_pipeline_num_layers: int = 0
     account_for_embedding_in_pipeline_split: bool = False

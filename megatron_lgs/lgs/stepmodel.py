@@ -67,7 +67,13 @@ from megatron_lgs.lgs.gpus import (
     slowest_gpu,
 )
 from megatron_lgs.lgs.gradbuffer import accumulate_bytes, optimizer_bytes_per_param, step_bytes
-from megatron_lgs.lgs.kernels import memory_time, nccl_beside, sm_contention, tp_collective_time
+from megatron_lgs.lgs.kernels import (
+    memory_time,
+    nccl_beside,
+    sm_contention,
+    small_allreduce_time,
+    tp_collective_time,
+)
 from megatron_lgs.lgs.layercost import (
     FP8_QUANTIZE_BYTES,
     TERMS,
@@ -164,8 +170,24 @@ def fp8_weight_cache(r: Run, gpu: GpuProfile) -> float:
     return memory_time(r.num_layers * sum(layer_gemm_weights(r)) * per_element, gpu)
 
 
+def fp8_amax_reduction(r: Run) -> float:
+    """One of Transformer Engine's delayed-scaling amax all-reduces: megatron-core wraps a
+    model chunk's forward in one `fp8_autocast` (`get_fp8_context`), whose exit, and the
+    backward of the chunk's first FP8 module, reduce the amaxes of every FP8 tensor of the
+    chunk in one blocking all-reduce (`reduce_tensor_across_group_op_max`, `async_op=False`;
+    TE 1.6 to 2.11), so twice per micro-batch and chunk on the compute stream's path. Its
+    group (`get_amax_reduction_group`) is TP x DP x CP, the num_gpus / pp ranks megatron-core
+    lays out contiguously, or TP x CP with `tp_only_amax_red`; a few KB, so NCCL's latency.
+    Current scaling keeps no amax history and reduces nothing here."""
+    if r.precision != "fp8" or r.fp8_recipe != "delayed":
+        return 0.0
+    ranks = r.tp * r.cp if r.tp_only_amax_red else r.num_gpus // r.pp
+    return small_allreduce_time(ranks, r.gpus_per_node)
+
+
 def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
     layer = layer_cost(r, gpu, hw)
+    amax = r.vpp * fp8_amax_reduction(r)
     stage_layers = r.stage_layers
     one = p2p_time(r, hw)
     out = []
@@ -177,6 +199,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         if k == r.pp - 1:
             c.add(logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one
+        c.fwd["fp8_amax_reduction"] = c.bwd["fp8_amax_reduction"] = amax
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each
             # chunk's send/recv is posted asynchronously and waited for only before the

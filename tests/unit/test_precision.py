@@ -72,3 +72,17 @@ def test_fp8_amax_history_must_be_positive(capsys):
         parse_args(["--fp8-format", "e4m3", "--fp8-amax-history-len", "0"], world_size=1)
     assert exit_info.value.code == 2
     assert "--fp8-amax-history-len must be at least 1" in capsys.readouterr().err
+
+
+def test_tp_only_amax_reduction_reaches_megatron_core_and_needs_delayed_scaling(capsys):
+    fp8 = ["--bf16", "--fp8-format", "hybrid"]
+    assert not transformer_config(parse_args(fp8, world_size=1), get_platform()).tp_only_amax_red
+    config = transformer_config(parse_args([*fp8, "--tp-only-amax-red"], world_size=1),
+                                get_platform())
+    assert config.tp_only_amax_red
+    for argv in (["--bf16", "--tp-only-amax-red"],
+                 [*fp8, "--fp8-recipe", "tensorwise", "--tp-only-amax-red"]):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(argv, world_size=1)
+        assert exit_info.value.code == 2
+        assert "--tp-only-amax-red applies to FP8 delayed scaling" in capsys.readouterr().err

@@ -362,7 +362,7 @@ def test_bloom_row_is_the_run_its_log_counts() -> None:
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
     """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
-    config's EP all-to-all overlap reaches the model."""
+    config's EP all-to-all overlap and FP8 amax group reach the model."""
     from megatron_lgs.lgs.plan_run import trainer_run_fields
 
     rope = ["--position-embedding-type", "rope"]
@@ -375,6 +375,10 @@ def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None
     for extra, overlap in (([], False), (["--overlap-moe-expert-parallel-comm"], True)):
         cfg = config_from_namespace(build_parser().parse_args([*moe, *extra]), 8)
         assert trainer_run_fields(cfg, 8)[1]["moe_a2a_overlap"] == overlap
+    fp8 = ["--bf16", "--fp8-format", "hybrid"]
+    for extra, tp_only in (([], False), (["--tp-only-amax-red"], True)):
+        cfg = config_from_namespace(build_parser().parse_args([*fp8, *extra]), 8)
+        assert trainer_run_fields(cfg, 8)[0]["tp_only_amax_red"] == tp_only
 
 
 def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) -> None:

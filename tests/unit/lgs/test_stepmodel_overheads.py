@@ -1,5 +1,5 @@
-"""Whole-step model: host launch overhead, the cross-entropy passes, query/key norms and TE's
-comm-GEMM overlap chunks, each against a hand calculation."""
+"""Whole-step model: host launch overhead, the cross-entropy passes, query/key norms, TE's
+comm-GEMM overlap chunks and FP8's amax all-reduce, each against a hand calculation."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, HOST_S_PER_KERNEL, get_gpu, link_profile
-from megatron_lgs.lgs.kernels import gemm_time
+from megatron_lgs.lgs.kernels import gemm_time, small_allreduce_time
 from megatron_lgs.lgs.layercost import layer_cost, logits_cost
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.stepmodel import predict_run
+from megatron_lgs.lgs.stepmodel import compute_phase, predict_run
 from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, tp_gemm
 
 H100 = get_gpu("h100-sxm")
@@ -109,3 +109,41 @@ def test_query_key_norms_by_hand() -> None:
     assert normed.bwd["elementwise"] - plain.bwd["elementwise"] == pytest.approx(3 * qk / hbm)
     kept = layer_activation_bytes(replace(r, qk_layernorm=True))[0] - layer_activation_bytes(r)[0]
     assert kept == pytest.approx(qk)
+
+
+def test_small_allreduce_latency_is_nccls_own_model_by_hand() -> None:
+    """NCCL's LL latencies (tuning.cc): ring 6.6 us + 0.6 a step on one node; between nodes the
+    tree, 6.8 + 2 x ((ranks a node - 1) x 0.6 + log2(nodes) x 5.0), beats the ring's 2 (r - 1)
+    steps, 2 x nodes of them at 2.7 us and the rest at the 1.0 us network post overhead."""
+    assert small_allreduce_time(1, 8) == 0.0
+    assert small_allreduce_time(8, 8) == pytest.approx((6.6 + 14 * 0.6) * 1e-6)
+    assert small_allreduce_time(2, 8) == pytest.approx((6.6 + 2 * 0.6) * 1e-6)
+    tree = 6.8 + 2 * (7 * 0.6 + 4 * 5.0)
+    ring = 6.6 + (254 - 32) * 1.0 + 32 * 2.7
+    assert tree < ring
+    assert small_allreduce_time(128, 8) == pytest.approx(tree * 1e-6)
+    # Two ranks a node over 16 nodes: the same depth, fewer NVLink hops.
+    assert small_allreduce_time(32, 2) == pytest.approx((6.8 + 2 * (0.6 + 4 * 5.0)) * 1e-6)
+
+
+def test_fp8_amax_reduction_by_hand() -> None:
+    """Delayed scaling reduces a chunk's amaxes once at the end of its forward and once in its
+    backward, per micro-batch, over TP x DP x CP (num_gpus / pp ranks) or TP x CP only."""
+    r = run(num_gpus=128, tp=4, pp=2, cp=2, vpp=2, num_layers=8, global_batch=64,
+            precision="fp8", fp8_recipe="delayed", distributed_optimizer=True)
+    costs, _, _ = compute_phase(r)
+    full = small_allreduce_time(64, 8)  # TP4 x CP2 x DP8 over 8 nodes
+    for c in costs:
+        assert c.fwd["fp8_amax_reduction"] == c.bwd["fp8_amax_reduction"] == \
+            pytest.approx(2 * full)  # two model chunks a stage
+    tp_only = replace(r, tp_only_amax_red=True)
+    costs, _, _ = compute_phase(tp_only)
+    assert costs[0].fwd["fp8_amax_reduction"] == pytest.approx(2 * small_allreduce_time(8, 8))
+    # On the compute path: the step pays it on every micro-batch of the critical stage.
+    m = r.num_micro_batches
+    step, narrow = predict_run(r), predict_run(tp_only)
+    assert step.breakdown["fp8_amax_reduction"] == pytest.approx(m * 4 * full)
+    assert step.step_time_s > narrow.step_time_s
+    # Only delayed scaling keeps an amax history to reduce.
+    for other in (replace(r, fp8_recipe="current"), replace(r, precision="bf16")):
+        assert predict_run(other).breakdown["fp8_amax_reduction"] == 0.0
