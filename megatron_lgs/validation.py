@@ -81,6 +81,8 @@ def validate(cfg: Config) -> None:
             par.expert_model_parallel_size > 1:
         raise ConfigError(f"world size ({par.world_size}) must be divisible by EP x TP x PP")
     ep = par.expert_model_parallel_size
+    if m.moe_router_topk < 1:
+        raise ConfigError(f"--moe-router-topk must be at least 1, got {m.moe_router_topk}")
     if m.num_experts is None and ep > 1:
         raise ConfigError("--expert-model-parallel-size > 1 needs --num-experts")
     if m.num_experts is not None:
@@ -151,6 +153,15 @@ def validate(cfg: Config) -> None:
                           f"({decay_iters} iterations)")
     if o.lr_decay_style == "WSD" and o.lr_wsd_decay_iters is None:
         raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
+    if o.lr_decay_style != "WSD" and (o.lr_wsd_decay_iters is not None or
+                                      o.lr_wsd_decay_style != OptimizerConfig.lr_wsd_decay_style):
+        raise ConfigError(f"--lr-wsd-decay-iters and --lr-wsd-decay-style shape the decay of "
+                          f"--lr-decay-style WSD; with {o.lr_decay_style} they would do nothing")
+    # megatron-core anneals over the last N decay iterations; an anneal reaching into the warmup
+    # would start part-way down, 0 divides by zero and a negative N raises the rate above --lr.
+    if o.lr_decay_style == "WSD" and not 1 <= o.lr_wsd_decay_iters <= decay_iters - warmup:
+        raise ConfigError(f"--lr-wsd-decay-iters must be in 1..{decay_iters - warmup} (the decay "
+                          f"iterations after the warmup), got {o.lr_wsd_decay_iters}")
     if t.eval_iters < 0:
         raise ConfigError(f"--eval-iters must be at least 0, got {t.eval_iters}")
     if t.exit_interval is not None and t.exit_interval < 1:

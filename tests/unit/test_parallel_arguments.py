@@ -135,6 +135,7 @@ def test_kv_channels_reach_megatron_core():
     ([*A2A, *EP2, "--bf16", "--moe-token-dispatcher-type", "alltoall",
       "--pipeline-model-parallel-size", "2"], 4, "needs virtual stages"),
     (["--moe-router-topk", "1"], 1, "--moe-router-topk 1 needs --moe-router-load-balancing-type"),
+    (["--moe-router-topk", "0"], 1, "--moe-router-topk must be at least 1, got 0"),
     (["--num-experts", "2", "--disable-bias-linear", "--moe-router-topk", "1",
       "--moe-router-load-balancing-type", "sinkhorn"], 1, "add --moe-aux-loss-coeff 0"),
 ])

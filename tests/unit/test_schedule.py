@@ -51,3 +51,21 @@ def test_wsd_holds_then_decays_over_the_last_iterations():
     assert set(lrs[5:80]) == {1e-3}
     assert lrs[89] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 10 / 20)
     assert lrs[-1] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lr-decay-style", "cosine", "--lr-wsd-decay-iters", "20"], "with cosine they would do"),
+    (["--lr-decay-style", "linear", "--lr-wsd-decay-style", "linear"], "with linear they would"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "0"], "must be in 1..95"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "-3"], "must be in 1..95"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "96"], "must be in 1..95"),
+])
+def test_wsd_flags_that_would_do_nothing_or_break_the_schedule_are_one_line(argv, message,
+                                                                            capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--train-iters", "100", "--lr-warmup-iters", "5", *argv], world_size=1)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    parse_args(["--train-iters", "100", "--lr-warmup-iters", "5", "--lr-decay-style", "WSD",
+                "--lr-wsd-decay-iters", "95"], world_size=1)
