@@ -158,7 +158,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--lr-wsd-decay-iters and --lr-wsd-decay-style shape the decay of "
                           f"--lr-decay-style WSD; with {o.lr_decay_style} they would do nothing")
     # megatron-core anneals over the last N decay iterations; an anneal reaching into the warmup
-    # would start part-way down, 0 divides by zero and a negative N raises the rate above --lr.
+    # would start part-way down, and N <= 0 holds the rate at --lr, then drops it to --min-lr.
     if o.lr_decay_style == "WSD" and not 1 <= o.lr_wsd_decay_iters <= decay_iters - warmup:
         raise ConfigError(f"--lr-wsd-decay-iters must be in 1..{decay_iters - warmup} (the decay "
                           f"iterations after the warmup), got {o.lr_wsd_decay_iters}")
