@@ -34,7 +34,8 @@ MLPERF = ("MLCommons MLPerf Training, GPT-3 175B on H100, rounds 3.1 (2023-11), 
 # OCI BM.GPU.H100.8 are built the same; Supermicro's log leaves its network blank).
 # The amax reduction of FP8's delayed scaling (`tp_only_amax_red`): round 3.1's config_common.sh
 # exports NVTE_DP_AMAX_REDUCE_INTERVAL=0 and NVTE_ASYNC_AMAX_REDUCTION=1, which its Transformer
-# Engine (TE_REVISION of October 2023) reads: TP only. Round 4.0 exports the same, but its TE
+# Engine (TE_REVISION of October 2023) reads: TP only, asynchronous (waited for at the next FP8
+# module, `async_amax_reduction`, not charged). Round 4.0 exports the same, but its TE
 # (v1.6rc1, 9e4091e7) no longer reads them (removed in 73f8d90fe) and its custom.yaml has no
 # tp_only_amax_red, NeMo 1's default being false: TP x DP, blocking. Round 4.1's custom.yaml sets
 # tp_only_amax_red (default True); Oracle's folder is NVIDIA's 24.09 implementation (the same
@@ -75,7 +76,7 @@ def mlperf_rows() -> list[dict]:
                      f"{system.split('/')[0].split('+')[0].lower()}-{gpus}",
                      "num_gpus": gpus, "pp": pp, "vpp": vp, "micro_batch": mbs,
                      "global_batch": batch, "fp8_params": fp8_params,
-                     "tp_only_amax_red": rnd != "4.0"}}
+                     "tp_only_amax_red": rnd != "4.0", "async_amax_reduction": rnd == "3.1"}}
             for rnd, system, gpus, batch, pp, vp, mbs, fp8_params, step in MLPERF_RUNS]
 
 

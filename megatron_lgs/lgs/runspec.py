@@ -30,7 +30,9 @@ recipes set it; false: BF16 weights beside Transformer Engine's cached FP8 copy 
 B more a parameter, see `stepmemory`; read only when precision is fp8), tp_only_amax_red (false,
 Megatron-LM's default: delayed scaling's amax all-reduce runs over TP x DP x CP; true, its
 --tp-only-amax-red: over TP x CP only; read only with fp8 and fp8_recipe delayed, see
-`stepmodel.fp8_amax_reduction`), and megatron-core's
+`stepmodel.fp8_amax_reduction`), async_amax_reduction (false; true: Transformer Engine before 1.6
+under NVTE_ASYNC_AMAX_REDUCTION=1, the all-reduce waited for only at the next FP8 module, so
+hidden), and megatron-core's
 uneven pipeline splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers
 (null: the even share) and account_for_embedding_in_pipeline_split /
 account_for_loss_in_pipeline_split (false), with Megatron-LM's flag names, recompute_num_layers
@@ -133,6 +135,7 @@ class Run:
     fp8_recipe: str = "delayed"
     fp8_params: bool = True
     tp_only_amax_red: bool = False
+    async_amax_reduction: bool = False
     decoder_first_pipeline_num_layers: int = 0
     decoder_last_pipeline_num_layers: int = 0
     account_for_embedding_in_pipeline_split: bool = False

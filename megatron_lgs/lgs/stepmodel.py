@@ -178,8 +178,9 @@ def fp8_amax_reduction(r: Run) -> float:
     TE 1.6 to 2.11), so twice per micro-batch and chunk on the compute stream's path. Its
     group (`get_amax_reduction_group`) is TP x DP x CP, the num_gpus / pp ranks megatron-core
     lays out contiguously, or TP x CP with `tp_only_amax_red`; a few KB, so NCCL's latency.
-    Current scaling keeps no amax history and reduces nothing here."""
-    if r.precision != "fp8" or r.fp8_recipe != "delayed":
+    Current scaling keeps no amax history and reduces nothing here; TE before 1.6 could run it
+    asynchronously (`async_amax_reduction`), waiting for it only at the next FP8 module."""
+    if r.precision != "fp8" or r.fp8_recipe != "delayed" or r.async_amax_reduction:
         return 0.0
     ranks = r.tp * r.cp if r.tp_only_amax_red else r.num_gpus // r.pp
     return small_allreduce_time(ranks, r.gpus_per_node)
