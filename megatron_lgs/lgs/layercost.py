@@ -30,8 +30,7 @@ from megatron_lgs.lgs.tpcomm import (
 
 TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_comm",
          "cp_comm", "moe_all_to_all", "pp_p2p", "fp8_amax_reduction", "pipeline_bubble",
-         "grad_buffer",
-         "dp_grad_sync", "embedding_grad_sync", "param_all_gather", "optimizer")
+         "grad_buffer", "dp_grad_sync", "embedding_grad_sync", "param_all_gather", "optimizer")
 # Kernels one transformer layer launches per micro-batch (Megatron-Core's TE layer): forward
 # norm, QKV, attention, projection, bias-dropout-add, norm, FC1, activation, FC2,
 # bias-dropout-add; backward a data- and a weight-gradient GEMM per linear layer, attention,
