@@ -10,7 +10,7 @@ before any was predicted. Grok-1 314B of the same release is left out: its layou
 column does not multiply out to its GPU counts (TP4 PP8 CP2 DP4 on 2048 GPUs), and its figures
 are marked "Dev"."""
 
-from published_rows import GPT3, LLAMA
+from published_rows import GPT3, LLAMA, NEMOTRON
 
 DGXC = ("NVIDIA/dgxc-benchmarking release v24.11.1 (commit 35a9aec, 2024-11), 'Expected "
         "Performance' of nemotron/README_15b.md, README_340b.md, llama3.1/README_8b.md, "
@@ -39,7 +39,6 @@ DGXC = ("NVIDIA/dgxc-benchmarking release v24.11.1 (commit 35a9aec, 2024-11), 'E
 # NeMo's CI image of that month (Dockerfile.ci at 526b6ade4b) pins TE bfe21c3d6 of 2024-04-07,
 # before the removal: the GPT-3 175B runs taken as TP-only and asynchronous, as the variables
 # asked (`async_amax_reduction`: waited for at the next FP8 module, not charged).
-NEMOTRON = {"swiglu": False, "dropout": 0.0, "position_embedding": "rope"}  # squared ReLU
 DGXC_MODELS = {
     # layers, hidden, ffn, heads, kv heads, vocab before padding, sequence, family
     "nemotron4-15b": (32, 6144, 24576, 48, 8, 256000, 4096, NEMOTRON),

@@ -318,6 +318,7 @@ NEMO = ("NVIDIA NeMo docs/source/performance/performance_summary.md, 'Pretrainin
 # tp_only_amax_red. Compared in tokens per second.
 GPT3 = {"swiglu": False, "untie_embeddings": False, "dropout": 0.1}
 LLAMA = {"swiglu": True, "dropout": 0.0, "position_embedding": "rope"}
+NEMOTRON = {"swiglu": False, "dropout": 0.0, "position_embedding": "rope"}  # squared ReLU
 NEMO_MODELS = {
     # layers, hidden, heads, kv heads, ffn (0: 4h), vocab, sequence, family
     "gpt3-5b": (24, 4096, 32, 32, 0, 50304, 2048, GPT3),
@@ -328,6 +329,19 @@ NEMO_MODELS = {
     "llama2-70b": (80, 8192, 64, 8, 28672, 32000, 4096, LLAMA),
     "llama3-8b": (32, 4096, 32, 8, 14336, 128256, 8192, LLAMA),
     "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 8192, LLAMA),
+    # The launcher's training/nemotron/nemotron_{8b,22b,340b}.yaml (at 1ab2c781, 2024-08-13):
+    # squared-ReLU MLP 4h, RoPE on half of each head, untied embeddings, no dropout, the
+    # 256000-token vocabulary; GQA with 8 groups in the 340B. The 340B does not fit in 80 GB
+    # under this source's assumptions (80.4 GB predicted), so it takes its launcher config's
+    # knobs instead: selective recompute, no TP overlap, BF16 weights (no fp8_params) and Apex's
+    # distributed Adam with `dtype: bf16` and BF16 gradient sync (4 B a parameter, as
+    # bench/dgxc_rows.py reads NeMo 1's choice), the DGX Cloud recipe's layout and knobs but FP8
+    # weights.
+    "nemotron-8b": (32, 4096, 32, 32, 0, 256000, 4096, NEMOTRON),
+    "nemotron-22b": (40, 6144, 48, 48, 0, 256000, 4096, NEMOTRON),
+    "nemotron-340b": (96, 18432, 96, 8, 0, 256000, 4096,
+                      {**NEMOTRON, "recompute": "selective", "tp_comm_overlap": False,
+                       "fp8_params": False, "optimizer_state_bytes": 4}),
 }
 NEMO_RUNS = [
     # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU
@@ -340,6 +354,9 @@ NEMO_RUNS = [
     ("llama2-70b", 64, 128, 1, 4, 4, 1, 20, 1707),
     ("llama3-8b", 8, 128, 1, 1, 1, 2, 1, 12036),
     ("llama3-70b", 64, 128, 1, 4, 4, 2, 5, 1533),
+    ("nemotron-8b", 64, 256, 4, 2, 1, 1, 1, 12701),
+    ("nemotron-22b", 64, 256, 2, 2, 4, 1, 10, 4256),
+    ("nemotron-340b", 128, 32, 1, 8, 8, 1, 12, 322),
 ]
 
 
@@ -351,11 +368,11 @@ def nemo_rows() -> list[dict]:
             "source": NEMO, "published": float(tokens), "metric": "tokens/s/GPU",
             "run": {"id": f"nemo-{model}-{gpus}", "gpu": "h100-sxm", "num_gpus": gpus,
                     "num_layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
-                    "ffn_hidden": ffn or None, "vocab": vocab, "seq_length": seq, **family,
+                    "ffn_hidden": ffn or None, "vocab": vocab, "seq_length": seq,
                     "tp": tp, "pp": pp,
                     "cp": cp, "vpp": vp, "micro_batch": mbs, "global_batch": batch,
                     "precision": "fp8", "distributed_optimizer": True,
-                    "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False}})
+                    "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False, **family}})
     return rows
 
 
