@@ -330,7 +330,8 @@ NEMO_MODELS = {
     "llama3-8b": (32, 4096, 32, 8, 14336, 128256, 8192, LLAMA),
     "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 8192, LLAMA),
     # The launcher's training/nemotron/nemotron_{8b,22b,340b}.yaml (at 1ab2c781, 2024-08-13):
-    # squared-ReLU MLP 4h, RoPE on half of each head, untied embeddings, no dropout, the
+    # squared-ReLU MLP 4h, RoPE on half of each head (the model rotates whole heads, 0.2-1.1% of
+    # these steps, so half of that too slow), untied embeddings, no dropout, the
     # 256000-token vocabulary; GQA with 8 groups in the 340B. The 340B does not fit in 80 GB
     # under this source's assumptions (80.4 GB predicted), so it takes its launcher config's
     # knobs instead: selective recompute, no TP overlap, BF16 weights (no fp8_params) and Apex's
