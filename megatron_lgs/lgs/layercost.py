@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import HOST_S_PER_KERNEL, GpuProfile
-from megatron_lgs.lgs.kernels import flash_attention_time, gemm_fwd_bwd, memory_time
+from megatron_lgs.lgs.kernels import (
+    flash_attention_time,
+    gemm_fwd_bwd,
+    memory_time,
+    small_allreduce_time,
+)
 from megatron_lgs.lgs.moecost import (
     ExpertNode,
     expert_activation_bytes,
@@ -213,6 +218,7 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     c.bwd["elementwise"] = memory_time(13 * act + elem_b + 5.5 * score + q_bwd + 3 * qk
                                        + rope_b * qk_bytes, gpu)
     c.fwd["tp_comm"], c.bwd["tp_comm"] = tp_comm_exposed(r, gpu, hw, tok, column, row)
+    c.fwd["fp8_amax_reduction"] = c.bwd["fp8_amax_reduction"] = current_scaling_amax(r)
     expert_tp = expert_tp_comm(r, hw, tok)  # gather and scatter, each direction
     c.fwd["tp_comm"] += expert_tp
     c.bwd["tp_comm"] += expert_tp
@@ -241,6 +247,20 @@ def layer_cost(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> Cost:
     elif r.recompute == "selective":
         c.bwd["recompute"] = recompute
     return c
+
+
+def current_scaling_amax(r: Run) -> float:
+    """One direction's amax all-reduces of one layer under FP8 current scaling with sequence
+    parallelism. Transformer Engine casts a column-parallel GEMM's input and a row-parallel
+    GEMM's output gradient to FP8 before all-gathering them, so every TP rank needs one scale:
+    the tensor's amax is all-reduced over the TP group first, blocking (TE 2.9's
+    `_customize_quantizers_float8_current_scaling`, `with_amax_reduction`): QKV's and FC1's
+    inputs forward, the projection's and FC2's output gradients backward. An MoE layer's expert
+    GEMMs take no part (TE runs grouped GEMMs under current scaling without TP), so only the
+    attention's. Delayed scaling reduces once a chunk instead (`stepmodel.fp8_amax_reduction`)."""
+    if r.precision != "fp8" or r.fp8_recipe != "current" or not r.sequence_parallel:
+        return 0.0
+    return (1 if r.num_experts else 2) * small_allreduce_time(r.tp, r.gpus_per_node)
 
 
 def selective_recompute(r: Run, gpu: GpuProfile, tok: float, attention_fwd: float,

@@ -200,7 +200,8 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
         if k == r.pp - 1:
             c.add(logits_cost(r, gpu))
         c.fwd["pp_p2p"] = c.bwd["pp_p2p"] = r.vpp * one
-        c.fwd["fp8_amax_reduction"] = c.bwd["fp8_amax_reduction"] = amax
+        c.fwd["fp8_amax_reduction"] += amax  # beside current scaling's, per layer
+        c.bwd["fp8_amax_reduction"] += amax
         if r.vpp > 1 and r.overlap_p2p_comm:
             # Interleaved with --overlap-p2p-communication (Megatron-Core's default): each
             # chunk's send/recv is posted asynchronously and waited for only before the

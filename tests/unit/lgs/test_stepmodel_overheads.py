@@ -9,7 +9,7 @@ import pytest
 
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, HOST_S_PER_KERNEL, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import gemm_time, small_allreduce_time
-from megatron_lgs.lgs.layercost import layer_cost, logits_cost
+from megatron_lgs.lgs.layercost import current_scaling_amax, layer_cost, logits_cost
 from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.stepmodel import compute_phase, predict_run
 from megatron_lgs.lgs.tpcomm import UB_PIPELINE_SPLITS, tp_gemm
@@ -144,7 +144,29 @@ def test_fp8_amax_reduction_by_hand() -> None:
     step, narrow = predict_run(r), predict_run(tp_only)
     assert step.breakdown["fp8_amax_reduction"] == pytest.approx(m * 4 * full)
     assert step.step_time_s > narrow.step_time_s
-    # Only delayed scaling keeps an amax history to reduce; TE before 1.6 could hide it.
-    for other in (replace(r, fp8_recipe="current"), replace(r, precision="bf16"),
-                  replace(r, async_amax_reduction=True)):
+    # Only delayed scaling keeps an amax history to reduce once a chunk (current scaling
+    # reduces per layer instead); TE before 1.6 could hide it.
+    current = replace(r, fp8_recipe="current")
+    per_layer = current_scaling_amax(current)
+    assert predict_run(current).breakdown["fp8_amax_reduction"] == \
+        pytest.approx(m * 2 * max(current.stage_layers) * per_layer)
+    for other in (replace(r, precision="bf16"), replace(r, async_amax_reduction=True)):
         assert predict_run(other).breakdown["fp8_amax_reduction"] == 0.0
+
+
+def test_current_scaling_amax_reductions_by_hand() -> None:
+    """Current scaling with SP all-reduces, over TP, the amax of QKV's and FC1's inputs forward
+    and of the projection's and FC2's output gradients backward; an MoE layer only the
+    attention's. Per layer, so a stage pays them per layer and micro-batch."""
+    hw = link_profile(H100)
+    r = run(tp=4, num_gpus=8, precision="fp8", fp8_recipe="current", sequence_parallel=True)
+    one = (6.6 + 6 * 0.6) * 1e-6  # ring LL over 4 NVLink ranks
+    c = layer_cost(r, H100, hw)
+    assert c.fwd["fp8_amax_reduction"] == c.bwd["fp8_amax_reduction"] == pytest.approx(2 * one)
+    moe = replace(r, num_experts=8, ep=2, etp=1)
+    assert current_scaling_amax(moe) == pytest.approx(one)
+    for none in (replace(r, sequence_parallel=False), replace(r, fp8_recipe="delayed"),
+                 replace(r, precision="bf16")):
+        assert layer_cost(none, H100, hw).fwd["fp8_amax_reduction"] == 0.0
+    costs, _, _ = compute_phase(r)
+    assert costs[0].fwd["fp8_amax_reduction"] == pytest.approx(r.num_layers * 2 * one)
