@@ -23,7 +23,11 @@ puts it on the critical path:
   or, interleaved with `overlap_p2p_comm`, exposed only beyond one chunk's compute;
 - recompute: `full` runs each layer's forward (with its communication) again before its
   backward (with `recompute_num_layers` N, Megatron's block method: the first N layers of
-  each model chunk), `selective` the core attention only;
+  each model chunk), `selective` the modules of `recompute_modules`
+  (`layercost.selective_recompute`);
+- FP8 amax all-reduces, blocking, at NCCL's latency: delayed scaling's once per chunk and
+  micro-batch each way over TP x DP x CP or TP x CP (`fp8_amax_reduction`), current scaling's
+  per layer over TP under sequence parallelism (`layercost.current_scaling_amax`);
 - host: each layer direction lasts at least the time the host needs to issue its kernels
   (`host_overhead`, binding only for small layers).
 
