@@ -125,7 +125,9 @@ def all_to_all_time(nbytes_per_rank: float, p: int, intra_peers: int, intra, int
 # then per hop 0.6 over NVLink and, between nodes, 5.0 a tree level or 2.7 a ring step, each
 # ring step a node sends also paying the host's network post overhead (`getNetOverhead`,
 # 1.0 on Intel CPUs). NCCL runs a collective of a few KB with the algorithm its model puts
-# fastest, so this is what it expects such a collective to take.
+# fastest, so this is what it expects such a collective to take. Not `costmodel`'s alpha-beta
+# links: their per-hop alphas are those of bulk transfers (NCCL's Simple protocol, 3 and 15 us),
+# several times what a few-KB message pays on the LL protocol NCCL picks for it.
 NCCL_LL_BASE_US = {"tree": 6.8, "ring": 6.6}
 NCCL_LL_NVLINK_US = 0.6
 NCCL_LL_NET_US = {"tree": 5.0, "ring": 2.7}
