@@ -1,9 +1,9 @@
 """Whole-step model against training runs published with their layout and throughput.
 
 Every row cites its source (the data, with the software of the time stated per source, is
-`published_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and `bloom_rows.py`). The model's inputs
-are the published layout plus that software; where a source leaves a knob out (micro-batch size,
-virtual stages) the row says what was assumed.
+`published_rows.py`, `moe_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and `bloom_rows.py`). The
+model's inputs are the published layout plus that software; where a source leaves a knob out
+(micro-batch size, virtual stages) the row says what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
@@ -38,26 +38,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bloom_rows import BLOOM_LAYOUT_RUNS, BLOOM_LAYOUTS, BLOOM_RUN, bloom_rows  # noqa: E402
 from dgxc_rows import dgxc_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
-from published_rows import (  # noqa: E402
-    BRIDGE_LATER,
-    BRIDGE_LATER_RUNS,
+from moe_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
-    MEGATRON_H100_ROW,
     MODELZOO,
     MODELZOO_BASE,
     MODELZOO_RUNS,
+    long_context_rows,
+    megatron_moe_rows,
+    megatron_recipe_rows,
+)
+from published_rows import (  # noqa: E402
+    BRIDGE_LATER,
+    BRIDGE_LATER_RUNS,
+    MEGATRON_H100_ROW,
     STRONG_SCALING,
     TORCHTITAN,
     TORCHTITAN_RUN,
     TORCHTITAN_RUNS,
     korthikanti_rows,
-    long_context_rows,
     megatron_bridge_rows,
     megatron_gpt3_2021_rows,
     megatron_h100_rows,
     megatron_llama_rows,
-    megatron_moe_rows,
-    megatron_recipe_rows,
     narayanan_rows,
     nemo_rows,
 )
@@ -193,7 +195,7 @@ def fine_grained_moe(table_ids: set[str], table_errors: list[float]) -> None:
     """The fine-grained MoE runs, and the table's statistics with those outside it counted in
     (against the newest release)."""
     print("\n## outside the table: fine-grained MoE on DGX-H100, Megatron-Bridge's 25.11 and 25.09 "
-          "tables (tokens/s/GPU; terms the model lacks: bench/published_rows.py's "
+          "tables (tokens/s/GPU; terms the model lacks: bench/moe_rows.py's "
           "FINE_GRAINED_MOE)")
     counted_in = list(table_errors)
     for spec, published in FINE_GRAINED_MOE:

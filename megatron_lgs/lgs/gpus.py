@@ -16,17 +16,18 @@ fitted to a training run. Sources:
   with NVLink cut to 400 GB/s total; H200: the same chip with HBM3e.
 - [H200] NVIDIA H200 data sheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s.
 - [MSMF] S. Bekman, "Machine Learning Engineering" (github.com/stas00/ml-engineering, commit
-  082816f of 2026-08-10, "faster mamf, plus msmf"), compute/accelerator/README.md, MAMF & MSMF
-  table, and benchmarks/README.md: the maximum *sustainable* matmul FLOP/s (MSMF), the rate a
-  shape holds once the board sits at its power limit and the clock has settled ("the number
-  that matches sustained training throughput"), against the maximum *achievable* burst at the
-  boost clock (MAMF). H200 BF16 (torch 2.13, 700 W): MSMF 708.5 TFLOP/s (71.6% of 989) at
-  ~1465 MHz, MAMF 841.9; all 8 GPUs of the node at once, 5 rounds: MSMF mean 698.6, spread
-  4.5%. FP8 (e4m3): MSMF 1288.7 (65.1% of 1979). H100 SXM is the same chip at the same 700 W
-  ("H200 is the same"); its table row has only the burst (MAMF 794.5, 2.7.0+cu126).
-  REFERENCE.md: ~790 TFLOP/s by matmuls on H200, a burst figure. Other copies of the author's
-  material give other sustained H200 figures (755 in a later narration; 743-746, which this
-  profile used until 2026-12-02, could not be found in any stored version): the ceiling is
+  082816f of 2026-08-10, "faster mamf, plus msmf", on the branch `fast-mamf`, which master had not
+  merged at 744d01e of 2026-08-22: master's table still has the bursts alone),
+  compute/accelerator/README.md, MAMF & MSMF table, and benchmarks/README.md: the maximum
+  *sustainable* matmul FLOP/s (MSMF), the rate a shape holds once the board sits at its power
+  limit and the clock has settled ("the number that matches sustained training throughput"),
+  against the maximum *achievable* burst at the boost clock (MAMF). H200 BF16 (torch 2.13, 700 W):
+  MSMF 708.5 TFLOP/s (71.6% of 989) at ~1465 MHz, MAMF 841.9; all 8 GPUs of the node at once, 5
+  rounds: MSMF mean 698.6, spread 4.5%. FP8 (e4m3): MSMF 1288.7 (65.1% of 1979). H100 SXM is the
+  same chip at the same 700 W ("H200 is the same"); its table row has only the burst (MAMF 794.5,
+  2.7.0+cu126). REFERENCE.md: ~790 TFLOP/s by matmuls on H200, a burst figure. Other copies of the
+  author's material give other sustained H200 figures (755 in a later narration; 743-746, which
+  this profile used until 2026-12-02, could not be found in any stored version): the ceiling is
   uncertain by about 5%.
 - [HERE] A check of the Hopper constants, not a source of them: bench/measured/h200-2026-12-04/
   (`python bench/layer_kernels.py --rows hopper --ceiling-seconds 16`, one H200 at its 700 W
