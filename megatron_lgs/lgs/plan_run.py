@@ -145,9 +145,15 @@ def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
     """A launch config's fields: one of launch/configs/ at its own world size, any other
     (a user's own .sh) at the GPU count asked for."""
     from megatron_lgs.arguments import parse_args
-    from megatron_lgs.launch_configs import CONFIGS_DIR, config_args, world_size
+    from megatron_lgs.launch_configs import CONFIGS_DIR, config_args, config_names, world_size
+    from megatron_lgs.lgs.simulate import PRESETS
 
     name, cdir = _config_name(spec)
+    if not (cdir / f"{name}.sh").is_file():
+        if spec.endswith(".sh"):
+            raise ValueError(f"no launch config file {spec}")
+        raise ValueError(f"unknown model {spec!r}: simulator presets {sorted(PRESETS)}, launch "
+                         f"configs {config_names(cdir)}, or the path of a .sh")
     argv = config_args(name, cdir)
     world = world_size(name) if cdir.resolve() == CONFIGS_DIR.resolve() else gpus
     cfg = parse_args(argv, world_size=world, prog=f"plan_run: launch config {spec}")
