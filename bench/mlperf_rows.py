@@ -95,7 +95,10 @@ MLPERF_LLAMA = ("MLCommons MLPerf Training, Llama 3.1 pretraining on H100 and H2
 # current scaling), FP8 weights, no recompute, distributed optimizer with overlapped BF16 gradient
 # reduction (pretrain.py: grad_reduce_in_fp32 False) and parameter gathers, pipeline sends
 # overlapped, the amax reduction over TP only (custom.yaml's tp_only_amax_red, default True, in
-# every folder). The 405B: PP8 CP2, 8 virtual stages, the embedding and the loss counted as pipeline
+# every folder), megatron-core DDP buckets of custom.yaml's `bucket_size` (BUCKET_SIZE, which no
+# config sets: 200 parameters in the 405B folders and 64 in Cisco's, a bucket per weight tensor;
+# 134217728 in HPE's; Cisco's configs export BUCKET_CAP_MB=125, which its pretrain.py does not
+# read). The 405B: PP8 CP2, 8 virtual stages, the embedding and the loss counted as pipeline
 # layers (ASYM_PP_EMBED, ASYM_PP_LOSS). Network: 400 Gb/s per GPU (DGX H100's and Nebius's 8 NDR
 # NICs; Cisco's 8 ConnectX-7 400 Gb/s Ethernet; HPE's description gives no speed). Not in the model:
 # HPE's 8B runs attention in FP8 (FP8_DPA) under full-step CUDA graphs (config_common_fp8attn.sh,
@@ -109,7 +112,7 @@ MLPERF_LLAMA31 = {"vocab": 128256, "seq_length": 8192, "kv_heads": 8, **LLAMA,
 MLPERF_LLAMA_MODELS = {
     "405b": {"num_layers": 126, "hidden": 16384, "ffn_hidden": 53248, "heads": 128, "pp": 8,
              "vpp": 8, "cp": 2, "account_for_embedding_in_pipeline_split": True,
-             "account_for_loss_in_pipeline_split": True},
+             "account_for_loss_in_pipeline_split": True, "ddp_bucket_size": 200},
     "8b": {"num_layers": 32, "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "pp": 1},
 }
 MLPERF_LLAMA_RUNS = [
@@ -128,10 +131,13 @@ MLPERF_LLAMA_RUNS = [
      {"tp": 4}, 50.0160),
     ("5.0", "Nebius/nebius_soperator_8xH200_n128_ngc25.01_nemo", "405b", "h200", 1024, 1152,
      {"tp": 4}, 25.3564),
-    ("5.1", "Cisco/hpf_n8", "8b", "h100-sxm", 64, 64, {"tp": 1}, 0.7205),
-    ("5.1", "Cisco/hpf_n16", "8b", "h100-sxm", 128, 64, {"tp": 2}, 0.4850),
+    ("5.1", "Cisco/hpf_n8", "8b", "h100-sxm", 64, 64, {"tp": 1, "ddp_bucket_size": 64},
+     0.7205),
+    ("5.1", "Cisco/hpf_n16", "8b", "h100-sxm", 128, 64, {"tp": 2, "ddp_bucket_size": 64},
+     0.4850),
     ("5.1", "HPE/HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09", "8b", "h200", 64, 32,
-     {"tp": 1, "cp": 2, "fp8_recipe": "current", "tp_comm_overlap": False}, 0.3531),
+     {"tp": 1, "cp": 2, "fp8_recipe": "current", "tp_comm_overlap": False,
+      "ddp_bucket_size": 134217728}, 0.3531),
 ]
 
 

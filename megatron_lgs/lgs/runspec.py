@@ -13,7 +13,10 @@ zero (0, or 1 with the distributed optimizer; 2/3 are Megatron-FSDP optim_grads 
 optim_grads_params, modelled with pp 1; this trainer runs them with pure data parallelism and
 the planner proposes them only there), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden
 (= ffn_hidden), flash_attention (true, false on V100), tp_comm_overlap (false, Megatron-LM's
-default), overlap_grad_reduce (true), overlap_param_gather (= overlap_grad_reduce),
+default), overlap_grad_reduce (true), ddp_bucket_size (null: megatron-core DDP's default,
+max(40M, 1M x DP) parameters a gradient bucket; N: Megatron-LM's --ddp-bucket-size, a bucket
+closing once it holds N parameters, so a small N gives a bucket, and a collective, per weight
+tensor), overlap_param_gather (= overlap_grad_reduce),
 untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
 weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see
 `gradbuffer`), overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which
@@ -125,6 +128,7 @@ class Run:
     flash_attention: bool = True
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
+    ddp_bucket_size: int = 0  # 0: megatron-core's default, max(40M, 1M x DP) parameters
     overlap_param_gather: bool = True
     untie_embeddings: bool = True
     grad_buffer: bool = True

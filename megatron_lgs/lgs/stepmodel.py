@@ -235,9 +235,16 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
     return Workload(model, lay, hw)
 
 
-def default_thresholds(w: Workload) -> Thresholds:
-    n = megatron_default_bucket_bytes(w.layout.dp, w.layout.grad_bytes)
-    return Thresholds(n, n)
+def ddp_bucket_params(r: Run) -> int:
+    """Parameters a megatron-core DDP gradient bucket closes at: the run's --ddp-bucket-size,
+    else megatron-core's default over the data-parallel group with CP."""
+    return r.ddp_bucket_size or megatron_default_bucket_bytes(r.dp * r.cp, 1)
+
+
+def ddp_thresholds(r: Run, w: Workload) -> Thresholds:
+    """megatron-core DDP's buckets: one closes at `ddp_bucket_params`, and each is one
+    collective, whatever its size (no inter-node message cap)."""
+    return Thresholds(ddp_bucket_params(r) * w.layout.grad_bytes, ONE_BUCKET.inter_bytes)
 
 
 def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> float:
@@ -254,10 +261,10 @@ def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> f
 
 def _first_buckets(r: Run, w: Workload, stage: int) -> dict[str, float]:
     """Parameters per gradient group of the bucket the stage's forward reaches first.
-    megatron-core fills a buffer's buckets in backward order, closing one at its default size
-    (`megatron_default_bucket_bytes`), so the first in forward order holds what is left over
-    at the chunk's start (the embedding, on the first stage), or the last bucket closed."""
-    size = megatron_default_bucket_bytes(r.dp * r.cp, 1)
+    megatron-core fills a buffer's buckets in backward order, closing one at its size
+    (`ddp_bucket_params`), so the first in forward order holds what is left over at the
+    chunk's start (the embedding, on the first stage), or the last bucket closed."""
+    size = ddp_bucket_params(r)
     first = {DENSE: 0.0, EXPERT: 0.0}
     closed = dict(first)
     for op in chunk_ops(w.model, w.layout, stage, r.vpp)[-1]:
@@ -404,8 +411,8 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
     lgs = thresholds is not None and not flat_buckets  # LGS's two-channel engine
     if thresholds is None:
-        thresholds = default_thresholds(w) if r.overlap_grad_reduce else ONE_BUCKET
-    megatron_ddp = thresholds == default_thresholds(w)
+        thresholds = ddp_thresholds(r, w) if r.overlap_grad_reduce else ONE_BUCKET
+    megatron_ddp = thresholds == ddp_thresholds(r, w)
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
                   compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
                   vpp=r.vpp if megatron_ddp or lgs else 1)

@@ -193,7 +193,7 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--gpus-per-node", "0"], "--gpus-per-node"),
     (["--gpus", "12"], "--gpus 12 does not fill nodes of --gpus-per-node 8"),
     (["--model", "launch/configs/missing.sh"], "no launch config file launch/configs/missing.sh"),
-    (["--model", "gpt-7b"], "unknown model 'gpt-7b': simulator presets \\['gpt-100b'"),
+    (["--model", "gpt-7b"], "unknown model 'gpt-7b': simulator presets ['gpt-100b'"),
     (["--out-dir", "/proc/no/such/dir"], "--out-dir /proc/no/such/dir: No such file"),
     (["--json", "/proc/no/such/plan.json"], "--json /proc/no/such/plan.json: No such file"),
     (["--json", "/tmp"], "--json /tmp: Is a directory"),
@@ -363,7 +363,7 @@ def test_bloom_row_is_the_run_its_log_counts() -> None:
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
     """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
-    config's EP all-to-all overlap and FP8 amax group reach the model."""
+    config's EP all-to-all overlap, FP8 amax group and DDP bucket size reach the model."""
     from megatron_lgs.lgs.plan_run import trainer_run_fields
 
     rope = ["--position-embedding-type", "rope"]
@@ -380,6 +380,10 @@ def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None
     for extra, tp_only in (([], False), (["--tp-only-amax-red"], True)):
         cfg = config_from_namespace(build_parser().parse_args([*fp8, *extra]), 8)
         assert trainer_run_fields(cfg, 8)[0]["tp_only_amax_red"] == tp_only
+    ddp = ["--use-distributed-optimizer", "--overlap-grad-reduce"]
+    for extra, size in (([], 0), (["--ddp-bucket-size", "200"], 200)):
+        cfg = config_from_namespace(build_parser().parse_args([*ddp, *extra]), 8)
+        assert trainer_run_fields(cfg, 8)[1]["ddp_bucket_size"] == size
 
 
 def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) -> None:

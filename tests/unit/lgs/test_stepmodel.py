@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from megatron_lgs.lgs import stepmodel
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
 from megatron_lgs.lgs.flops import layer_flops_per_token
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile, slowest_gpu
@@ -404,3 +405,21 @@ def test_block_recompute_by_hand() -> None:
     assert activation_bytes(r, 0) == pytest.approx(8 * inp * inflight + kept)
     with pytest.raises(RunError, match="recompute_num_layers"):
         run(recompute_num_layers=2)
+
+
+def test_ddp_bucket_size_gives_a_bucket_per_tensor() -> None:
+    """Megatron-LM's --ddp-bucket-size below a tensor's size closes a bucket at every weight
+    tensor (the MLPerf Llama 3.1 configs' 64-200 parameters): one gradient collective each,
+    in one message whatever its size; the default, max(40M, 1M x DP) parameters, groups them.
+    The first bucket the forward gathers is then the embedding alone."""
+    r = run(pp=1, num_layers=4, ddp_bucket_size=64)
+    w = sync_workload(r, link_profile(A100))
+    tensors = sum(len(op.grads) for op in stage_backward(w.model, w.layout, 0))
+    buckets = predict_run(r).sync.stages[0].buckets
+    assert len(buckets) == tensors == 6 * 4 + 3  # 6 a layer, the embedding, final norm, output
+    assert all(b.inter_messages == 1 and len(b.tensors) == 1 for b in buckets)
+    default = predict_run(run(pp=1, num_layers=4)).sync.stages[0].buckets
+    assert len(default) < tensors
+    assert stepmodel._first_buckets(r, w, 0) == {"dense": 32000 * 4096 / 4, "expert": 0.0}
+    with pytest.raises(RunError, match="ddp_bucket_size"):
+        run(ddp_bucket_size=0)
