@@ -4,7 +4,9 @@ For the 10B and 100B configs (dense and MoE) the alpha-beta simulator predicts o
 with PyTorch DDP's 25 MB buckets, megatron-core's default (max(40M, 1M x DP) parameters, stages
 after the first in one bucket), DeepSpeed's reduce_bucket_size 5e8 elements, the seed's
 160/24 MB and the LGS optimum (the recommendation `--lgs-thresholds auto` starts from), with
-ratios against Megatron's default. Every number is a PREDICTION, not a measurement.
+ratios against Megatron's default. The flat DDPs send each bucket as one collective (inter MB
+"bucket"); LGS's inter threshold splits its own. Every number is a PREDICTION, not a
+measurement.
 
     python bench/lgs_simulate.py [--hardware a100-hdr|h100-ndr|h200-ndr] [--efficiency F]
 
@@ -29,7 +31,7 @@ from megatron_lgs.lgs.memwall import memory_wall  # noqa: E402
 from megatron_lgs.lgs.recommend import recommend, workload_for_config  # noqa: E402
 from megatron_lgs.lgs.simreport import LABEL  # noqa: E402
 from megatron_lgs.lgs.simulate import PRESETS  # noqa: E402
-from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload  # noqa: E402
+from megatron_lgs.lgs.timeline import MB, ONE_BUCKET, StepPrediction, Workload  # noqa: E402
 
 HEADER = (f"{'plan':<18} {'intra MB':>9} {'inter MB':>9} {'pred step s':>12} "
           f"{'pred exposed ms':>16} {'comm %':>7} {'step/Megatron':>14} {'exposed/Megatron':>17}")
@@ -54,7 +56,8 @@ def row(name: str, p: StepPrediction, megatron: StepPrediction) -> str:
     th = p.thresholds
     exposed_ratio = (f"{p.exposed_comm_s / megatron.exposed_comm_s:.3f}"
                      if megatron.exposed_comm_s > 0 else "n/a (0 ms)")
-    return (f"{name:<18} {th.intra_bytes / MB:>9.1f} {th.inter_bytes / MB:>9.1f} "
+    inter = "bucket" if th.inter_bytes == ONE_BUCKET.inter_bytes else f"{th.inter_bytes / MB:.1f}"
+    return (f"{name:<18} {th.intra_bytes / MB:>9.1f} {inter:>9} "
             f"{p.step_time_s:>12.4f} {p.exposed_comm_s * 1e3:>16.1f} "
             f"{p.comm_fraction * 100:>7.2f} {p.step_time_s / megatron.step_time_s:>14.5f} "
             f"{exposed_ratio:>17}")
@@ -74,7 +77,9 @@ def table(w: Workload) -> list[str]:
         lines.append(f"  note: the 2x grid's best is predicted {lost * 1e3:.2f} ms "
                      f"({lost / megatron.step_time_s:.4%}) slower than Megatron's "
                      f"{megatron.thresholds.intra_bytes / MB:.1f} MB bucket, which is off the "
-                     "grid; buckets hold whole tensors, so their boundaries move the tail")
+                     "grid; buckets hold whole tensors, so their boundaries move the tail, and "
+                     "LGS sends a bucket's inter-node part in messages of its inter threshold "
+                     "where a flat DDP sends one")
     if not rec.fits_memory:
         wall = memory_wall(w.model, w.layout, w.hw.memory_bytes)
         lines.append(f"  memory wall (predicted): states {wall.states_bytes / 1e9:.1f} GB + "

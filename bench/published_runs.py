@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step  # noqa: E402
 from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
-from megatron_lgs.lgs.timeline import MB, Thresholds  # noqa: E402
+from megatron_lgs.lgs.timeline import MB, ddp_buckets  # noqa: E402
 from megatron_lgs.value_checks import output_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -130,7 +130,7 @@ def predicted(row: dict) -> tuple[float, StepEstimate, dict[int, StepEstimate]]:
         est = max(by_mbs.values(), key=_fit_then_fast)
     else:
         mb = row.get("bucket_mb")
-        th = Thresholds(mb * MB, mb * MB) if mb else None
+        th = ddp_buckets(mb * MB) if mb else None
         est = predict_run(run_from_dict(row["run"]), th, flat_buckets=th is not None)
         by_mbs = {est.run.micro_batch: est}
     return metric(row, est), est, by_mbs

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_lgs.lgs.timeline import MB, StepPrediction, Thresholds, Workload, predict_step
+from megatron_lgs.lgs.timeline import (
+    MB,
+    StepPrediction,
+    Thresholds,
+    Workload,
+    ddp_buckets,
+    predict_step,
+)
 from megatron_lgs.lgs.workload import Layout
 
 
@@ -31,7 +38,7 @@ def megatron_default_bucket_bytes(dp: int, grad_bytes: int) -> int:
 def megatron_default(lay: Layout) -> Plan:
     n = megatron_default_bucket_bytes(lay.dp, lay.grad_bytes)
     # megatron-core turns bucketing off on pipeline stages after the first.
-    return Plan("Megatron default", Thresholds(n, n), bucket_later_stages=False,
+    return Plan("Megatron default", ddp_buckets(n), bucket_later_stages=False,
                 note="max(40M, 1M x DP) params; stages > 0 one bucket")
 
 
@@ -39,10 +46,10 @@ def baseline_plans(lay: Layout) -> list[Plan]:
     """PyTorch DDP, Megatron-core, DeepSpeed ZeRO and the seed's thresholds, in that order."""
     ds = int(5e8) * lay.grad_bytes
     return [
-        Plan("PyTorch DDP 25 MB", Thresholds(25 * MB, 25 * MB),
+        Plan("PyTorch DDP 25 MB", ddp_buckets(25 * MB),
              note="bucket_cap_mb=25 (its 1 MB first bucket not modelled)"),
         megatron_default(lay),
-        Plan("DeepSpeed 5e8", Thresholds(ds, ds), note="reduce_bucket_size=5e8 elements"),
+        Plan("DeepSpeed 5e8", ddp_buckets(ds), note="reduce_bucket_size=5e8 elements"),
         Plan("seed 160/24 MB", Thresholds(160 * MB, 24 * MB), note="intra 160 MB, inter 24 MB",
              pipelined_hops=True),
     ]

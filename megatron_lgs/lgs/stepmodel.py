@@ -93,6 +93,7 @@ from megatron_lgs.lgs.timeline import (
     Thresholds,
     Workload,
     chunk_ops,
+    ddp_buckets,
     replay,
 )
 from megatron_lgs.lgs.tpcomm import tp_link
@@ -242,9 +243,8 @@ def ddp_bucket_params(r: Run) -> int:
 
 
 def ddp_thresholds(r: Run, w: Workload) -> Thresholds:
-    """megatron-core DDP's buckets: one closes at `ddp_bucket_params`, and each is one
-    collective, whatever its size (no inter-node message cap)."""
-    return Thresholds(ddp_bucket_params(r) * w.layout.grad_bytes, ONE_BUCKET.inter_bytes)
+    """megatron-core DDP's buckets, closing at `ddp_bucket_params`."""
+    return ddp_buckets(ddp_bucket_params(r) * w.layout.grad_bytes)
 
 
 def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> float:

@@ -260,6 +260,13 @@ def _stage(stage: int, windows: list[Window], busy: float, w: Workload, rate: fl
 ONE_BUCKET = Thresholds(1 << 62, 1 << 62)
 
 
+def ddp_buckets(bucket_bytes: int) -> Thresholds:
+    """A flat DDP's buckets (PyTorch DDP's, megatron-core's, DeepSpeed's): one closes once it
+    holds `bucket_bytes` and is one collective whatever its size, never split on the network
+    as LGS's inter-node threshold splits its own."""
+    return Thresholds(bucket_bytes, ONE_BUCKET.inter_bytes)
+
+
 def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
                  pipelined_hops: bool = True) -> StepPrediction:
     """Predicted timeline of one step with thresholds `th` (see the module docstring).

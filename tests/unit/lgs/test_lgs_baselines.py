@@ -17,7 +17,7 @@ from megatron_lgs.lgs.baselines import (
 )
 from megatron_lgs.lgs.recommend import recommend, workload_for_config
 from megatron_lgs.lgs.simulate import PRESETS, sweep
-from megatron_lgs.lgs.timeline import MB
+from megatron_lgs.lgs.timeline import MB, ONE_BUCKET
 from tests.conftest import report
 
 
@@ -30,8 +30,8 @@ def test_megatron_default_bucket_is_max_40m_or_1m_per_dp_rank_in_bytes():
 def test_baselines_in_bytes_of_the_layout():
     _, lay = PRESETS["gpt-100b"]
     plans = {p.name: p for p in baseline_plans(lay)}
-    assert plans["PyTorch DDP 25 MB"].thresholds == Thresholds(25 * MB, 25 * MB)
-    assert plans["DeepSpeed 5e8"].thresholds == Thresholds(2_000_000_000, 2_000_000_000)
+    assert plans["PyTorch DDP 25 MB"].thresholds == Thresholds(25 * MB, ONE_BUCKET.inter_bytes)
+    assert plans["DeepSpeed 5e8"].thresholds == Thresholds(2_000_000_000, ONE_BUCKET.inter_bytes)
     assert plans["seed 160/24 MB"].thresholds == Thresholds(160 * MB, 24 * MB)
     assert not plans["Megatron default"].bucket_later_stages
 
