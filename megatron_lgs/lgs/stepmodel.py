@@ -397,9 +397,10 @@ def workload_compute(w: Workload) -> tuple[list[float], list[float], float]:
 
 def predict_run(r: Run, thresholds: Thresholds | None = None, *,
                 flat_buckets: bool = False) -> StepEstimate:
-    """The whole step of `r`; `thresholds` None: megatron-core DDP's default buckets; else
-    LGS's engine at those thresholds, or (`flat_buckets`) a DDP that reduces buckets of the
-    intra threshold one after another on one channel (PyTorch DDP's `bucket_cap_mb`)."""
+    """The whole step of `r`; `thresholds` None: megatron-core DDP's buckets
+    (`ddp_thresholds`); else LGS's engine at those thresholds, or (`flat_buckets`) a DDP that
+    reduces buckets of the intra threshold one after another on one channel (PyTorch DDP's
+    `bucket_cap_mb`)."""
     gpu = run_gpu(r)
     hw = run_links(r, gpu)
     w = sync_workload(r, hw)
