@@ -142,6 +142,11 @@ def validate(cfg: Config) -> None:
     _validate_fp32_reduce_scatter(cfg.optim)
     if o.ddp_bucket_size is not None and o.ddp_bucket_size < 1:
         raise ConfigError(f"--ddp-bucket-size must be positive, got {o.ddp_bucket_size}")
+    if o.ddp_bucket_size is not None and not (o.overlap_grad_reduce or o.use_megatron_fsdp
+                                              or cfg.lgs.lgs):
+        raise ConfigError("--ddp-bucket-size needs --overlap-grad-reduce (without it "
+                          "megatron-core reduces every gradient in one bucket after the "
+                          "backward and ignores the size)")
     if o.lr < o.min_lr:
         raise ConfigError(f"--lr ({o.lr}) is smaller than --min-lr ({o.min_lr})")
     if o.lr_warmup_fraction is not None and not 0.0 <= o.lr_warmup_fraction < 1.0:

@@ -55,6 +55,7 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--lgs", "--lgs-inter-threshold-mb", "0"], 1, "--lgs-inter-threshold-mb must be > 0"),
     (["--lgs", "--lgs-memory-cap-mb", "-1"], 1, "--lgs-memory-cap-mb must be > 0"),
     (["--lgs", "--ddp-bucket-size", "1000"], 1, "--ddp-bucket-size and --lgs"),
+    (["--ddp-bucket-size", "1000"], 2, "--ddp-bucket-size needs --overlap-grad-reduce"),
     (["--context-parallel-size", "2", "--seq-length", "30"], 2, "divisible by 2 x "),
     (["--lgs", "--lgs-layer-weighting", "flops"], 1, "invalid choice"),
     (["--lgs", "--lgs-autotune-inter-min-mb", "8", "--lgs-autotune-inter-max-mb", "4"], 1,
