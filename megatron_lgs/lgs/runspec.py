@@ -355,6 +355,9 @@ def check_run(r: Run) -> None:
     if r.recompute_modules != ("core_attn",) and r.recompute != "selective":
         raise RunError("recompute_modules", "takes recompute \"selective\" (Megatron-LM's "
                                             "--recompute-granularity selective)")
+    if r.ddp_bucket_size and not r.overlap_grad_reduce:
+        raise RunError("ddp_bucket_size", "takes overlap_grad_reduce true (without it "
+                                          "megatron-core reduces every gradient in one bucket)")
     if r.recompute_num_layers and r.recompute != "full":
         raise RunError("recompute_num_layers", "takes recompute \"full\" (Megatron's block "
                                                "method)")

@@ -423,3 +423,5 @@ def test_ddp_bucket_size_gives_a_bucket_per_tensor() -> None:
     assert stepmodel._first_buckets(r, w, 0) == {"dense": 32000 * 4096 / 4, "expert": 0.0}
     with pytest.raises(RunError, match="ddp_bucket_size"):
         run(ddp_bucket_size=0)
+    with pytest.raises(RunError, match="ddp_bucket_size.*takes overlap_grad_reduce"):
+        run(ddp_bucket_size=64, overlap_grad_reduce=False)
