@@ -49,6 +49,9 @@ DGXC_MODELS = {
     "llama31-405b": (126, 16384, 53248, 128, 16, 50257, 8192, LLAMA),
     "gpt3-175b": (96, 12288, 49152, 96, 96, 50257, 2048, GPT3),
 }
+# Apex's gradient buckets, each YAML's `optim.bucket_cap_mb` (`dfa_bucket_cap_mb`).
+DGXC_BUCKET_CAP_MB = {"nemotron4-15b": 100, "nemotron4-340b": 50, "llama31-8b": 75,
+                      "llama31-70b": 75, "llama31-405b": 125, "gpt3-175b": 220}
 DGXC_RUNS = [
     # model, GPUs, global batch, tp, pp, cp, vp, micro-batch, layers (proxy), recompute,
     # optimizer bytes (BF16 run, FP8 run), step s (BF16, FP8)
@@ -92,6 +95,7 @@ def dgxc_rows() -> list[dict]:
                         "global_batch": batch, "recompute": recompute,
                         "precision": precision, "fp8_params": True,
                         "distributed_optimizer": True, "optimizer_state_bytes": state,
+                        "dfa_bucket_cap_mb": DGXC_BUCKET_CAP_MB[model],
                         "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False,
                         "tp_only_amax_red": te_before_1_6,
                         "async_amax_reduction": te_before_1_6}})

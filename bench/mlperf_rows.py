@@ -41,6 +41,11 @@ MLPERF = ("MLCommons MLPerf Training, GPT-3 175B on H100, rounds 3.1 (2023-11), 
 # tp_only_amax_red (default True); Oracle's folder is NVIDIA's 24.09 implementation (the same
 # Dockerfile but for the base image's registry, the same callbacks and config_common.sh but for
 # SHARP and its cluster's settings) without its conf/: taken with NVIDIA's custom.yaml.
+# Apex's gradient buckets (`dfa_bucket_cap_mb`): conf/optim/distributed_fused_adam.yaml's
+# bucket_cap_mb, 100 by default (round 3.1: no config sets BUCKET_CAP_MB), 200 from config_common.sh
+# in rounds 4.0 and 4.1 (Supermicro's and Oracle's logs print it), 125 in NVIDIA's 4.1 config
+# for 32 nodes (config_DGXH100_32x8x256x4x8_mbs2.sh, after config_common.sh).
+MLPERF_BUCKET_CAP_MB = {"3.1": 100, "4.0": 200, "4.1": 200, "NVIDIA/eos_n32_ngc24.09_nemo": 125}
 MLPERF_GPT3 = {"gpu": "h100-sxm", "num_layers": 96, "hidden": 12288, "heads": 96, "tp": 4,
                "vocab": 50688, "seq_length": 2048, **GPT3, "dropout": 0.0, "precision": "fp8",
                "distributed_optimizer": True, "tp_comm_overlap": True,
@@ -76,6 +81,8 @@ def mlperf_rows() -> list[dict]:
                      f"{system.split('/')[0].split('+')[0].lower()}-{gpus}",
                      "num_gpus": gpus, "pp": pp, "vpp": vp, "micro_batch": mbs,
                      "global_batch": batch, "fp8_params": fp8_params,
+                     "dfa_bucket_cap_mb": MLPERF_BUCKET_CAP_MB.get(system,
+                                                                   MLPERF_BUCKET_CAP_MB[rnd]),
                      "tp_only_amax_red": rnd != "4.0", "async_amax_reduction": rnd == "3.1"}}
             for rnd, system, gpus, batch, pp, vp, mbs, fp8_params, step in MLPERF_RUNS]
 

@@ -321,6 +321,12 @@ NEMO_MODELS = {
                       {**NEMOTRON, "recompute": "selective", "tp_comm_overlap": False,
                        "fp8_params": False, "optimizer_state_bytes": 4}),
 }
+# Apex's gradient buckets (`dfa_bucket_cap_mb`): the launcher config's `optim.bucket_cap_mb`
+# (at 1ab2c781: GPT-3 5B 400, 20B and 175B 220, Llama 2 and 3 125, Nemotron 8B and 22B 100,
+# 340B 50).
+NEMO_BUCKET_CAP_MB = {"gpt3-5b": 400, "gpt3-20b": 220, "gpt3-175b": 220, "llama2-7b": 125,
+                      "llama2-13b": 125, "llama2-70b": 125, "llama3-8b": 125, "llama3-70b": 125,
+                      "nemotron-8b": 100, "nemotron-22b": 100, "nemotron-340b": 50}
 NEMO_RUNS = [
     # model, GPUs, global batch, micro-batch, tp, pp, cp, vp, tokens/s per GPU
     ("gpt3-5b", 64, 2048, 4, 1, 1, 1, 1, 22521),
@@ -350,6 +356,7 @@ def nemo_rows() -> list[dict]:
                     "tp": tp, "pp": pp,
                     "cp": cp, "vpp": vp, "micro_batch": mbs, "global_batch": batch,
                     "precision": "fp8", "distributed_optimizer": True,
+                    "dfa_bucket_cap_mb": NEMO_BUCKET_CAP_MB[model],
                     "tp_comm_overlap": tp > 1, "grad_reduce_in_fp32": False, **family}})
     return rows
 

@@ -16,7 +16,11 @@ the planner proposes them only there), etp (expert TP, = tp as in megatron-core)
 default), overlap_grad_reduce (true), ddp_bucket_size (null: megatron-core DDP's default,
 max(40M, 1M x DP) parameters a gradient bucket; N: Megatron-LM's --ddp-bucket-size, a bucket
 closing once it holds N parameters, so a small N gives a bucket, and a collective, per weight
-tensor), overlap_param_gather (= overlap_grad_reduce),
+tensor), dfa_bucket_cap_mb (null: megatron-core's DDP; N: NeMo 1's distributed optimizer,
+Apex's DistributedFusedAdam with `bucket_cap_mb` N, buckets of N MiB of gradients with tensors
+cut across them; its reduction starts, as megatron-core's does, in each model chunk's last
+backward on the first pipeline stage and after it on the others), overlap_param_gather
+(= overlap_grad_reduce),
 untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
 weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see
 `gradbuffer`), overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which
@@ -129,6 +133,7 @@ class Run:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     ddp_bucket_size: int = 0  # 0: megatron-core's default, max(40M, 1M x DP) parameters
+    dfa_bucket_cap_mb: int = 0  # 0: megatron-core's DDP; N: Apex DistributedFusedAdam's buckets
     overlap_param_gather: bool = True
     untie_embeddings: bool = True
     grad_buffer: bool = True
@@ -355,6 +360,12 @@ def check_run(r: Run) -> None:
     if r.recompute_modules != ("core_attn",) and r.recompute != "selective":
         raise RunError("recompute_modules", "takes recompute \"selective\" (Megatron-LM's "
                                             "--recompute-granularity selective)")
+    if r.dfa_bucket_cap_mb and r.ddp_bucket_size:
+        raise RunError("dfa_bucket_cap_mb", "Apex's DistributedFusedAdam has its own buckets; "
+                                            "ddp_bucket_size is megatron-core DDP's")
+    if r.dfa_bucket_cap_mb and not r.overlap_grad_reduce:
+        raise RunError("dfa_bucket_cap_mb", "takes overlap_grad_reduce true (Apex's "
+                                            "overlap_grad_sync)")
     if r.ddp_bucket_size and not r.overlap_grad_reduce:
         raise RunError("ddp_bucket_size", "takes overlap_grad_reduce true (without it "
                                           "megatron-core reduces every gradient in one bucket)")

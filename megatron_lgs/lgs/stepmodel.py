@@ -88,6 +88,7 @@ from megatron_lgs.lgs.layercost import (
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory, grad_bytes
 from megatron_lgs.lgs.timeline import (
+    MB,
     ONE_BUCKET,
     StepPrediction,
     Thresholds,
@@ -237,14 +238,18 @@ def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
 
 
 def ddp_bucket_params(r: Run) -> int:
-    """Parameters a megatron-core DDP gradient bucket closes at: the run's --ddp-bucket-size,
-    else megatron-core's default over the data-parallel group with CP."""
+    """Parameters a data-parallel gradient bucket holds: Apex DistributedFusedAdam's
+    `bucket_cap_mb` MiB of gradients, else megatron-core DDP's --ddp-bucket-size or its
+    default over the data-parallel group with CP."""
+    if r.dfa_bucket_cap_mb:
+        return r.dfa_bucket_cap_mb * MB // grad_bytes(r)
     return r.ddp_bucket_size or megatron_default_bucket_bytes(r.dp * r.cp, 1)
 
 
 def ddp_thresholds(r: Run, w: Workload) -> Thresholds:
-    """megatron-core DDP's buckets, closing at `ddp_bucket_params`."""
-    return ddp_buckets(ddp_bucket_params(r) * w.layout.grad_bytes)
+    """The data-parallel engine's buckets, of `ddp_bucket_params`: megatron-core's hold whole
+    tensors, Apex's cut them (`timeline.ddp_buckets`)."""
+    return ddp_buckets(ddp_bucket_params(r) * w.layout.grad_bytes, split=r.dfa_bucket_cap_mb > 0)
 
 
 def _gather_time(w: Workload, hw: HardwareProfile, numel: dict[str, float]) -> float:
@@ -263,7 +268,8 @@ def _first_buckets(r: Run, w: Workload, stage: int) -> dict[str, float]:
     """Parameters per gradient group of the bucket the stage's forward reaches first.
     megatron-core fills a buffer's buckets in backward order, closing one at its size
     (`ddp_bucket_params`), so the first in forward order holds what is left over at the
-    chunk's start (the embedding, on the first stage), or the last bucket closed."""
+    chunk's start (the embedding, on the first stage), or the last bucket closed; Apex's
+    buckets, which cut tensors, hold at most their size."""
     size = ddp_bucket_params(r)
     first = {DENSE: 0.0, EXPERT: 0.0}
     closed = dict(first)
@@ -272,7 +278,8 @@ def _first_buckets(r: Run, w: Workload, stage: int) -> dict[str, float]:
             first[g.group] += g.numel
             if first[g.group] >= size:
                 closed[g.group], first[g.group] = first[g.group], 0.0
-    return {group: first[group] or closed[group] for group in first}
+    most = size if r.dfa_bucket_cap_mb else float("inf")
+    return {group: min(first[group] or closed[group], most) for group in first}
 
 
 def _gather_exposed(r: Run, w: Workload, stage: int, gather_s: float, fwd_s: float,
@@ -413,10 +420,11 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     lgs = thresholds is not None and not flat_buckets  # LGS's two-channel engine
     if thresholds is None:
         thresholds = ddp_thresholds(r, w) if r.overlap_grad_reduce else ONE_BUCKET
-    megatron_ddp = thresholds == ddp_thresholds(r, w)
+    own_engine = thresholds == ddp_thresholds(r, w)  # megatron-core's DDP or Apex's
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
-                  compute_end, bucket_later_stages=not megatron_ddp, pipelined_hops=lgs,
-                  vpp=r.vpp if megatron_ddp or lgs else 1)
+                  compute_end, bucket_later_stages=not own_engine, pipelined_hops=lgs,
+                  vpp=r.vpp if own_engine or lgs else 1,
+                  apex=own_engine and r.dfa_bucket_cap_mb > 0)
     breakdown["dp_grad_sync"] += max(0.0, sync.step_time_s - compute_end)
     breakdown["embedding_grad_sync"] = tied_embedding_sync(r, hw)
     after = 0.0

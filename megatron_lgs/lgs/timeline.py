@@ -60,6 +60,7 @@ DEFAULT_EFFICIENCY = 0.5
 class Thresholds:
     intra_bytes: int
     inter_bytes: int
+    split: bool = False  # tensors cut across buckets (Apex's DistributedFusedAdam), not whole
 
     def __post_init__(self) -> None:
         if self.intra_bytes <= 0 or self.inter_bytes <= 0:
@@ -174,9 +175,10 @@ Closed = tuple[str, list[str], int, float, int]  # group, names, bytes, ready ti
 
 
 def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float,
-             weighting: str) -> tuple[list[Span], list[Closed]]:
+             weighting: str, deferred: bool = False) -> tuple[list[Span], list[Closed]]:
     """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
-    ready time, inter-node message cap), grouped per gradient group by `plan.make_plan`."""
+    ready time, inter-node message cap), grouped per gradient group by `plan.make_plan`;
+    `deferred`: every bucket ready when the last op ends (reduced after the backward)."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     grads: dict[str, list[tuple[str, int, float]]] = {}  # group -> (name, numel, ready)
@@ -190,26 +192,28 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, r
             grads.setdefault(g.group, []).append((g.name, g.numel, end))
         t = end
     closed: list[Closed] = []
-    config = PlanConfig(th.intra_bytes, weighting)
+    config = PlanConfig(th.intra_bytes, weighting, split_large=th.split)
     for group, tensors in grads.items():
         units = [Unit(name, _layer(name), numel, gb) for name, numel, _ in tensors]
         for b in make_plan(units, config, layer_flops).buckets:
             last = b.segments[-1].unit
             closed.append((group, [tensors[s.unit][0] for s in b.segments], b.nbytes,
-                           tensors[last][2], th.inter_bytes))
+                           t if deferred else tensors[last][2], th.inter_bytes))
     return spans, closed
 
 
-# Ops that run back to back from a start time, bucketed with these thresholds.
-Window = tuple[list[BackwardOp], float, Thresholds]
+# Ops that run back to back from a start time, bucketed with these thresholds, reduced as
+# their gradients become ready or (True) all after the last op.
+Window = tuple[list[BackwardOp], float, Thresholds, bool]
 
 
 def _stage(stage: int, windows: list[Window], busy: float, w: Workload, rate: float,
            pipelined_hops: bool) -> StageTimeline:
     spans: list[Span] = []
     closed: list[Closed] = []
-    for ops, start, th in windows:
-        s, c = _buckets(ops, start, w, th, rate, w.weighting if pipelined_hops else "none")
+    for ops, start, th, deferred in windows:
+        s, c = _buckets(ops, start, w, th, rate, w.weighting if pipelined_hops else "none",
+                        deferred)
         spans += s
         closed += c
     closed.sort(key=lambda b: b[3])
@@ -260,11 +264,12 @@ def _stage(stage: int, windows: list[Window], busy: float, w: Workload, rate: fl
 ONE_BUCKET = Thresholds(1 << 62, 1 << 62)
 
 
-def ddp_buckets(bucket_bytes: int) -> Thresholds:
+def ddp_buckets(bucket_bytes: int, split: bool = False) -> Thresholds:
     """A flat DDP's buckets (PyTorch DDP's, megatron-core's, DeepSpeed's): one closes once it
     holds `bucket_bytes` and is one collective whatever its size, never split on the network
-    as LGS's inter-node threshold splits its own."""
-    return Thresholds(bucket_bytes, ONE_BUCKET.inter_bytes)
+    as LGS's inter-node threshold splits its own. `split`: buckets of exactly that size, a
+    tensor cut across them, as Apex's DistributedFusedAdam fills its own."""
+    return Thresholds(bucket_bytes, ONE_BUCKET.inter_bytes, split)
 
 
 def predict_step(w: Workload, th: Thresholds, bucket_later_stages: bool = True,
@@ -300,7 +305,7 @@ def chunk_ops(model: ModelConfig, lay: Layout, stage: int, vpp: int) -> list[lis
 
 
 def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: float,
-                   vpp: int, bucket_all: bool) -> list[Window]:
+                   vpp: int, bucket_all: bool, apex: bool = False) -> list[Window]:
     """Where stage k's gradients become ready. Megatron-core enables each model chunk's
     gradient sync for that chunk's last micro-batch (`is_last_microbatch_for_model_chunk`),
     so its buckets fire during that backward (megatron-core's DDP hooks and LGS's engine
@@ -309,7 +314,11 @@ def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: floa
     backward of chunks 0 .. c-1) before the stage's. A chunk's backward is its share of the
     stage's FLOPs times tb (without virtual stages: one chunk, the whole tb). Megatron-core
     buckets only chunk 0 of stage 0 (one bucket for every later chunk and stage);
-    `bucket_all` buckets every chunk with `th`."""
+    `bucket_all` buckets every chunk with `th`. `apex`: NeMo 1's Apex DistributedFusedAdam,
+    whose `grad_sync_func` makes megatron-core's schedules reduce a chunk's buckets (`th`)
+    after its last backward instead, on every stage but the first of a schedule without
+    virtual stages, which reduces during it (`rank == 0` in the 1F1B cooldown); the
+    interleaved schedule's launch of it pp rank micro-batches later is not modelled."""
     chunks = chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
     flops = [sum(op.flops for op in ops) for ops in chunks]
     total = sum(flops)
@@ -318,15 +327,19 @@ def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: floa
     for i in reversed(range(vpp)):  # chunk 0 (runs last) first
         end = bwd_end - w.layout.pp * after
         c = vpp - 1 - i
-        bucketed = bucket_all or (k == 0 and c == 0)
-        windows.append((chunks[i], end - length[i], th if bucketed else ONE_BUCKET))
+        if apex:
+            window = (chunks[i], end - length[i], th, not (vpp == 1 and k == 0))
+        else:
+            bucketed = bucket_all or (k == 0 and c == 0)
+            window = (chunks[i], end - length[i], th if bucketed else ONE_BUCKET, False)
+        windows.append(window)
         after += length[i]
     return windows[::-1]
 
 
 def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], compute_end: float,
            bucket_later_stages: bool = True, pipelined_hops: bool = True,
-           vpp: int = 1) -> StepPrediction:
+           vpp: int = 1, apex: bool = False) -> StepPrediction:
     """The gradient sync replayed on given per-stage, per-micro-batch forward and backward
     times `tf`, `tb` (s) and the end of all compute `compute_end` (s).
 
@@ -343,7 +356,7 @@ def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], comput
         busy = lay.num_micro_batches * (tf[k] + tb[k])
         rate = flops / tb[k] if tb[k] > 0 and flops > 0 else float("inf")
         windows = _chunk_windows(w, th, k, compute_end - sum(tb[:k]) / vpp, tb[k], vpp,
-                                 bucket_later_stages)
+                                 bucket_later_stages, apex)
         stages.append(_stage(k, windows, busy, w, rate, pipelined_hops))
     crit = max(stages, key=lambda s: (s.synced_s, -s.stage))
     step = crit.synced_s

@@ -425,3 +425,26 @@ def test_ddp_bucket_size_gives_a_bucket_per_tensor() -> None:
         run(ddp_bucket_size=0)
     with pytest.raises(RunError, match="ddp_bucket_size.*takes overlap_grad_reduce"):
         run(ddp_bucket_size=64, overlap_grad_reduce=False)
+
+
+def test_apex_buckets_by_hand() -> None:
+    """NeMo 1's Apex DistributedFusedAdam (`dfa_bucket_cap_mb` N): buckets of N MiB of
+    gradients with tensors cut across them. Under megatron-core's 1F1B schedule its
+    grad_sync_func has the first stage reduce them as they fill in the last backward and the
+    others all at once after it, where megatron-core's own DDP reduces a later stage as one
+    bucket."""
+    r = run(pp=2, dfa_bucket_cap_mb=25, grad_reduce_in_fp32=False)
+    first, later = predict_run(r).sync.stages
+    cap = 25 * 2**20
+    w = sync_workload(r, link_profile(A100))
+    for stage, s in enumerate((first, later)):
+        numel = sum(stage_numel(stage_backward(w.model, w.layout, stage)).values())
+        assert sum(b.nbytes for b in s.buckets) == numel * 2  # every BF16 gradient, once
+        assert len(s.buckets) >= numel * 2 // (2 * cap) > 1
+        assert max(b.nbytes for b in s.buckets) < 2 * cap
+    assert len({b.ready_s for b in first.buckets}) > 1  # as they fill
+    assert {b.ready_s for b in later.buckets} == {later.backward_end_s}  # all after
+    megatron = predict_run(replace(r, dfa_bucket_cap_mb=0)).sync.stages[1]
+    assert len(megatron.buckets) == 1
+    with pytest.raises(RunError, match="dfa_bucket_cap_mb"):
+        run(dfa_bucket_cap_mb=25, ddp_bucket_size=1000)
