@@ -18,8 +18,9 @@ max(40M, 1M x DP) parameters a gradient bucket; N: Megatron-LM's --ddp-bucket-si
 closing once it holds N parameters, so a small N gives a bucket, and a collective, per weight
 tensor), dfa_bucket_cap_mb (null: megatron-core's DDP; N: NeMo 1's distributed optimizer,
 Apex's DistributedFusedAdam with `bucket_cap_mb` N, buckets of N MiB of gradients with tensors
-cut across them; its reduction starts, as megatron-core's does, in each model chunk's last
-backward on the first pipeline stage and after it on the others), overlap_param_gather
+cut across them, reduced as they fill on the first stage of a schedule without virtual
+stages and after each model chunk's last backward elsewhere, as megatron-core's schedules run
+Apex's grad_sync_func; the trainer runs megatron-core's DDP only), overlap_param_gather
 (= overlap_grad_reduce),
 untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
 weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see
