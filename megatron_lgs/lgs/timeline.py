@@ -347,7 +347,8 @@ def replay(w: Workload, th: Thresholds, tf: list[float], tb: list[float], comput
     this is how the whole-step model (`stepmodel`) feeds its own compute times in. With
     `vpp` > 1 (the interleaved schedule, gradients synced while the backward runs) each model
     chunk syncs during its own last backward (`_chunk_windows`); the final backward then
-    reaches stage k sum_{j<k} tb_j / vpp before the end.
+    reaches stage k sum_{j<k} tb_j / vpp before the end. `apex`: when Apex's
+    DistributedFusedAdam reduces instead (`_chunk_windows`).
     """
     lay = w.layout
     stages = []
