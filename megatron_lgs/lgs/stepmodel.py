@@ -418,9 +418,10 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     breakdown = {k: m * (costs[crit].fwd[k] + costs[crit].bwd[k]) for k in TERMS}
     breakdown["pipeline_bubble"] = compute_end - m * per_mb[crit]
     lgs = thresholds is not None and not flat_buckets  # LGS's two-channel engine
+    own = ddp_thresholds(r, w)  # the run's own engine: megatron-core's DDP or Apex's
     if thresholds is None:
-        thresholds = ddp_thresholds(r, w) if r.overlap_grad_reduce else ONE_BUCKET
-    own_engine = thresholds == ddp_thresholds(r, w)  # megatron-core's DDP or Apex's
+        thresholds = own if r.overlap_grad_reduce else ONE_BUCKET
+    own_engine = thresholds == own
     sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
                   compute_end, bucket_later_stages=not own_engine, pipelined_hops=lgs,
                   vpp=r.vpp if own_engine or lgs else 1,
