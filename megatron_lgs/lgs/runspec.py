@@ -19,8 +19,9 @@ closing once it holds N parameters, so a small N gives a bucket, and a collectiv
 tensor), dfa_bucket_cap_mb (null: megatron-core's DDP; N: NeMo 1's distributed optimizer,
 Apex's DistributedFusedAdam with `bucket_cap_mb` N, buckets of N MiB of gradients with tensors
 cut across them, reduced as they fill on the first stage of a schedule without virtual
-stages and after each model chunk's last backward elsewhere, as megatron-core's schedules run
-Apex's grad_sync_func; the trainer runs megatron-core's DDP only), overlap_param_gather
+stages and after each model chunk's last backward elsewhere (interleaved: pp-rank backwards
+later), as megatron-core's schedules run Apex's grad_sync_func; the trainer runs
+megatron-core's DDP only), overlap_param_gather
 (= overlap_grad_reduce),
 untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
 weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see

@@ -175,10 +175,11 @@ Closed = tuple[str, list[str], int, float, int]  # group, names, bytes, ready ti
 
 
 def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, rate: float,
-             weighting: str, deferred: bool = False) -> tuple[list[Span], list[Closed]]:
+             weighting: str, deferred: float | None = None) -> tuple[list[Span], list[Closed]]:
     """Op spans (each op lasts its FLOPs / `rate`) and closed buckets (group, names, bytes,
     ready time, inter-node message cap), grouped per gradient group by `plan.make_plan`;
-    `deferred`: every bucket ready when the last op ends (reduced after the backward)."""
+    `deferred` (s): every bucket ready that long after the last op ends (reduced after the
+    backward); None: each as its last gradient is."""
     gb = w.layout.grad_bytes
     spans: list[Span] = []
     grads: dict[str, list[tuple[str, int, float]]] = {}  # group -> (name, numel, ready)
@@ -198,13 +199,14 @@ def _buckets(ops: list[BackwardOp], start: float, w: Workload, th: Thresholds, r
         for b in make_plan(units, config, layer_flops).buckets:
             last = b.segments[-1].unit
             closed.append((group, [tensors[s.unit][0] for s in b.segments], b.nbytes,
-                           t if deferred else tensors[last][2], th.inter_bytes))
+                           tensors[last][2] if deferred is None else t + deferred,
+                           th.inter_bytes))
     return spans, closed
 
 
 # Ops that run back to back from a start time, bucketed with these thresholds, reduced as
-# their gradients become ready or (True) all after the last op.
-Window = tuple[list[BackwardOp], float, Thresholds, bool]
+# their gradients become ready (None) or all that many seconds after the last op.
+Window = tuple[list[BackwardOp], float, Thresholds, float | None]
 
 
 def _stage(stage: int, windows: list[Window], busy: float, w: Workload, rate: float,
@@ -318,7 +320,9 @@ def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: floa
     whose `grad_sync_func` makes megatron-core's schedules reduce a chunk's buckets (`th`)
     after its last backward instead, on every stage but the first of a schedule without
     virtual stages, which reduces during it (`rank == 0` in the 1F1B cooldown); the
-    interleaved schedule's launch of it pp rank micro-batches later is not modelled."""
+    interleaved schedule launches it for a chunk `k` virtual micro-batches after that
+    chunk's last backward ("at the same time across the pipeline-parallel group"), that is
+    after k backwards of the chunk the cooldown runs next, and chunk 0's at the end."""
     chunks = chunk_ops(w.model, w.layout, k, vpp)  # chunk vpp-1 first
     flops = [sum(op.flops for op in ops) for ops in chunks]
     total = sum(flops)
@@ -328,10 +332,11 @@ def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: floa
         end = bwd_end - w.layout.pp * after
         c = vpp - 1 - i
         if apex:
-            window = (chunks[i], end - length[i], th, not (vpp == 1 and k == 0))
+            late = 0.0 if c == 0 else k * length[i + 1]  # chunk c - 1's backwards
+            window = (chunks[i], end - length[i], th, None if vpp == 1 and k == 0 else late)
         else:
             bucketed = bucket_all or (k == 0 and c == 0)
-            window = (chunks[i], end - length[i], th if bucketed else ONE_BUCKET, False)
+            window = (chunks[i], end - length[i], th if bucketed else ONE_BUCKET, None)
         windows.append(window)
         after += length[i]
     return windows[::-1]

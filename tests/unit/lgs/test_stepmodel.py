@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_lgs.lgs import stepmodel
+from megatron_lgs.lgs import stepmodel, timeline
 from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time, ring_allreduce_time
 from megatron_lgs.lgs.flops import layer_flops_per_token
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile, slowest_gpu
@@ -21,6 +21,7 @@ from megatron_lgs.lgs.stepmodel import (
     stage_params,
     sync_workload,
 )
+from megatron_lgs.lgs.timeline import chunk_ops
 from megatron_lgs.lgs.tpcomm import tp_gemm_parts
 from megatron_lgs.lgs.workload import stage_backward, stage_numel
 
@@ -448,3 +449,23 @@ def test_apex_buckets_by_hand() -> None:
     assert len(megatron.buckets) == 1
     with pytest.raises(RunError, match="dfa_bucket_cap_mb"):
         run(dfa_bucket_cap_mb=25, ddp_bucket_size=1000)
+
+
+def test_apex_interleaved_reduction_waits_for_the_pipeline_rank() -> None:
+    """Under the interleaved schedule megatron-core 0.16 calls Apex's grad_sync_func for a
+    chunk pp-rank virtual micro-batches after that chunk's last backward, so that every stage
+    launches it at once: on stage k, chunk 1's buckets wait for k backwards of chunk 0 (the
+    chunk the cooldown runs next), and chunk 0's, the stage's last backward, for none."""
+    r = run(pp=2, vpp=2, dfa_bucket_cap_mb=25, grad_reduce_in_fp32=False)
+    w = sync_workload(r, link_profile(A100))
+    th = stepmodel.ddp_thresholds(r, w)
+    bwd_end, tb = 10.0, 4.0
+    for k in (0, 1):
+        flops = [sum(op.flops for op in ops) for ops in chunk_ops(w.model, w.layout, k, 2)]
+        chunk0 = tb * flops[1] / sum(flops)  # the list runs chunk 1 first
+        windows = timeline._chunk_windows(w, th, k, bwd_end, tb, 2, False, apex=True)
+        (_, start1, _, late1), (_, start0, _, late0) = windows
+        assert start0 == pytest.approx(bwd_end - chunk0) and late0 == 0.0
+        # Chunk 1's last backward ends pp = 2 backwards of chunk 0 before the stage's end.
+        assert start1 == pytest.approx(bwd_end - 2 * chunk0 - (tb - chunk0))
+        assert late1 == pytest.approx(k * chunk0)
