@@ -2,9 +2,11 @@
 
 RUNS.json is a JSON list of runs (fields in `runspec`). Each good run prints
 {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu", "fits_memory",
-"peak_memory_gb", "breakdown"} on stdout (the breakdown in seconds per term, summing to the
-step time; TFLOP/s are Megatron-LM's model FLOPs, 6N plus attention, recompute not counted;
-MFU against the GPU's dense BF16 peak, FP16 on V100). A bad run prints one line on stderr naming
+"peak_memory_gb", "breakdown", "unknown_fields", "inert_fields"} on stdout (the breakdown in
+seconds per term, summing to the step time; TFLOP/s are Megatron-LM's model FLOPs, 6N plus
+attention, recompute not counted; MFU against the GPU's dense BF16 peak, FP16 on V100; the
+fields it ignored: keys that are no run field, and fields set that change nothing for that run,
+`runspec.inert_fields`). A bad run prints one line on stderr naming
 the run and the field, and the others are still predicted; the exit code is then 2.
 """
 
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from megatron_lgs.lgs.runspec import RunError, run_from_dict
+from megatron_lgs.lgs.runspec import RunError, inert_fields, run_from_dict, unknown_fields
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 
 
@@ -52,7 +54,8 @@ def predict_file(path: Path, out: TextIO | None = None, err: TextIO | None = Non
     for i, raw in enumerate(runs):
         name = _run_name(i, raw)
         try:
-            est = predict_run(run_from_dict(raw))
+            run = run_from_dict(raw)
+            est = predict_run(run)
         except RunError as e:
             print(f"predict: run {name}: {e}", file=err)
             code = 2
@@ -61,7 +64,9 @@ def predict_file(path: Path, out: TextIO | None = None, err: TextIO | None = Non
             print(f"predict: run {name}: {e}".replace("\n", " "), file=err)
             code = 2
             continue
-        print(json.dumps(prediction_record(est)), file=out)
+        record = {**prediction_record(est), "unknown_fields": unknown_fields(raw),
+                  "inert_fields": inert_fields(raw, run)}
+        print(json.dumps(record), file=out)
         out.flush()
     return code
 

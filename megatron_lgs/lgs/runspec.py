@@ -298,6 +298,36 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     return run
 
 
+def unknown_fields(d: dict[str, Any]) -> list[str]:
+    """Keys of a run's JSON object that are not run fields (ignored: a misspelt field would
+    otherwise take its default unseen)."""
+    known = {f.name for f in fields(Run)}
+    return [k for k in d if k not in known]
+
+
+def inert_fields(d: dict[str, Any], r: Run) -> list[str]:
+    """Fields a run's JSON object sets (non-null) that change nothing for run `r`, in the
+    software as in the model: FP8 knobs without FP8, delayed scaling's amax knobs under current
+    scaling, MoE knobs without experts, TP knobs at tp 1, RoPE fusion without RoPE, the
+    parameter-gather overlap without a distributed optimizer, the interleaved schedule's send
+    overlap without virtual stages, pipeline knobs at pp 1, the NIC on a single node."""
+    no_fp8 = r.precision != "fp8"
+    no_delayed = no_fp8 or r.fp8_recipe != "delayed"
+    rules = {
+        "fp8_recipe": no_fp8, "fp8_params": no_fp8,
+        "tp_only_amax_red": no_delayed, "async_amax_reduction": no_delayed,
+        "moe_topk": not r.num_experts, "moe_ffn_hidden": not r.num_experts,
+        "moe_dispatcher": not r.num_experts,
+        "sequence_parallel": r.tp == 1, "tp_comm_overlap": r.tp == 1,
+        "tp_async_backward": r.tp == 1,
+        "rope_fusion": r.position_embedding != "rope",
+        "overlap_param_gather": r.zero == 0,
+        "overlap_p2p_comm": r.vpp == 1, "p2p_scatter_gather": r.pp == 1,
+        "nic_gbit_per_gpu": r.num_gpus <= r.gpus_per_node,
+    }
+    return [k for k, v in d.items() if v is not None and rules.get(k, False)]
+
+
 def model_fields(m: ModelConfig) -> dict[str, Any]:
     """The Run fields of an LGS-simulator model (`workload.ModelConfig`)."""
     return dict(num_layers=m.num_layers, hidden=m.hidden, ffn_hidden=m.ffn_hidden,

@@ -53,7 +53,7 @@ MOE = {"id": "moe", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 16, "hidden
        "num_experts": 16, "moe_topk": 2, "distributed_optimizer": True,
        "recompute": "selective"}
 KEYS = {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu",
-        "fits_memory", "peak_memory_gb", "breakdown"}
+        "fits_memory", "peak_memory_gb", "breakdown", "unknown_fields", "inert_fields"}
 
 
 def _predict(runs: list, tmp_path: Path) -> tuple[int, list[dict], list[str]]:
@@ -82,6 +82,40 @@ def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture
     assert lines[1]["breakdown"]["moe_all_to_all"] > 0 == lines[0]["breakdown"]["moe_all_to_all"]
     assert lines[1]["breakdown"]["recompute"] > 0
     assert cli(["predict"]) == 2  # usage
+
+
+# A dense BF16 run on one node without virtual stages or TP, each knob set away from its
+# default, where none of them can act.
+INERT = {"fp8_recipe": "current", "fp8_params": False, "tp_only_amax_red": True,
+         "async_amax_reduction": True, "moe_topk": 8, "moe_ffn_hidden": 1024,
+         "sequence_parallel": True, "tp_comm_overlap": True, "tp_async_backward": False,
+         "rope_fusion": False, "overlap_param_gather": False, "overlap_p2p_comm": False,
+         "p2p_scatter_gather": True, "nic_gbit_per_gpu": 25.0}
+
+
+def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
+    """Misspelt keys and knobs that cannot act on the run are ignored, as the issue's
+    interface says, and named in the run's line; an inert knob changes no figure, and the same
+    knob where it can act does."""
+    base = {**DENSE, "num_gpus": 8, "tp": 1, "pp": 1, "distributed_optimizer": False}
+    code, [line], _ = _predict([{**base, **INERT, "micro_bach": 4}], tmp_path)
+    assert code == 0
+    assert line["unknown_fields"] == ["comment", "micro_bach"]
+    assert sorted(line["inert_fields"]) == sorted(INERT)
+    alone = predict_run(run_from_dict(base))
+    for field, value in INERT.items():
+        e = predict_run(run_from_dict({**base, field: value}))
+        assert e.step_time_s == alone.step_time_s, field
+        assert e.breakdown == alone.breakdown and e.memory == alone.memory, field
+    # Where they can act: TP 2 with its overlap, FP8 delayed scaling on H100 over 2 nodes.
+    acting = {**base, "gpu": "h100-sxm", "num_gpus": 16, "tp": 2, "precision": "fp8"}
+    _, [line], _ = _predict([{**acting, "tp_comm_overlap": True, "tp_only_amax_red": True,
+                              "nic_gbit_per_gpu": 100.0}], tmp_path)
+    assert line["inert_fields"] == []
+    for field, value in (("tp_comm_overlap", True), ("tp_only_amax_red", True),
+                         ("nic_gbit_per_gpu", 25.0)):
+        e = predict_run(run_from_dict({**acting, field: value}))
+        assert e.step_time_s != predict_run(run_from_dict(acting)).step_time_s, field
 
 
 @pytest.mark.parametrize("bad,field", [
