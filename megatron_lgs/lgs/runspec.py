@@ -306,11 +306,13 @@ def unknown_fields(d: dict[str, Any]) -> list[str]:
 
 
 def inert_fields(d: dict[str, Any], r: Run) -> list[str]:
-    """Fields a run's JSON object sets (non-null) that change nothing for run `r`, in the
-    software as in the model: FP8 knobs without FP8, delayed scaling's amax knobs under current
-    scaling, MoE knobs without experts, TP knobs at tp 1, RoPE fusion without RoPE, the
-    parameter-gather overlap without a distributed optimizer, the interleaved schedule's send
-    overlap without virtual stages, pipeline knobs at pp 1, the NIC on a single node."""
+    """Fields a run's JSON object sets (non-null) that cannot act on run `r`: the software
+    ignores them there (or refuses them, as Megatron-LM refuses --overlap-param-gather without
+    a distributed optimizer) and the model ignores them: FP8 knobs without FP8, delayed
+    scaling's amax knobs under current scaling, MoE knobs without experts, TP knobs at tp 1,
+    RoPE fusion without RoPE, the parameter-gather overlap without a distributed optimizer,
+    the interleaved schedule's send overlap without virtual stages, pipeline knobs at pp 1,
+    the NIC on a single node."""
     no_fp8 = r.precision != "fp8"
     no_delayed = no_fp8 or r.fp8_recipe != "delayed"
     rules = {
