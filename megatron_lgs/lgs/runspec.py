@@ -204,6 +204,7 @@ class Run:
 
 REQUIRED = ("id", "gpu", "num_gpus", "num_layers", "hidden", "heads", "vocab", "seq_length",
             "tp", "pp", "micro_batch", "global_batch")
+_FIELDS = frozenset(f.name for f in fields(Run))
 _INTS = {f.name for f in fields(Run) if f.type == "int"}
 _ZERO_ALLOWED = ("num_experts", "zero")  # the other integer fields keep 0 for "the default"
 _BOOLS = {f.name for f in fields(Run) if f.type == "bool"}
@@ -262,8 +263,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     """A validated Run; unknown keys are ignored, nulls take the documented defaults."""
     if not isinstance(d, dict):
         raise RunError("run", "must be a JSON object")
-    known = {f.name for f in fields(Run)}
-    given = {k: v for k, v in d.items() if k in known and v is not None}
+    given = {k: v for k, v in d.items() if k in _FIELDS and v is not None}
     for name in REQUIRED:
         if name not in given:
             raise RunError(name, "missing")
@@ -301,8 +301,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
 def unknown_fields(d: dict[str, Any]) -> list[str]:
     """Keys of a run's JSON object that are not run fields (ignored: a misspelt field would
     otherwise take its default unseen)."""
-    known = {f.name for f in fields(Run)}
-    return [k for k in d if k not in known]
+    return [k for k in d if k not in _FIELDS]
 
 
 def inert_fields(d: dict[str, Any], r: Run) -> list[str]:
