@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_lgs.lgs.flops import flops_with_full_recompute, model_flops_per_step  # noqa: E402
-from megatron_lgs.lgs.runspec import Run, RunError, run_from_dict  # noqa: E402
+from megatron_lgs.lgs.runspec import ISSUE_FIELDS, Run, RunError, run_from_dict  # noqa: E402
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run  # noqa: E402
 from megatron_lgs.lgs.timeline import MB, ddp_buckets  # noqa: E402
 from megatron_lgs.value_checks import output_file  # noqa: E402
@@ -324,6 +324,35 @@ def precision_pairs(out: list[dict]) -> None:
               + f"  ({', '.join(name.removeprefix('dgxc-') for name, _, _ in growth)})")
 
 
+def issue_fields_only(out: list[dict]) -> None:
+    """The table as a caller of `predict` who knows only the issue's fields gets it: each row's
+    run cut to `runspec.ISSUE_FIELDS`, at the micro-batch size and virtual stages the row used;
+    what the model's own fields said takes their defaults or is read from the run
+    (`run_defaults`)."""
+    errors, refused, far = [], [], []
+    for row in out:
+        run = {k: v for k, v in row["run"].items() if k in ISSUE_FIELDS}
+        run.update(micro_batch=row["micro_batch_used"], vpp=row["vpp_used"])
+        if run.get("num_experts"):  # every layer is MoE: its one MLP width is the experts'
+            run["ffn_hidden"] = row["run"].get("moe_ffn_hidden") or run.get("ffn_hidden")
+        cut = {"metric": row["metric"], "run": run}
+        try:
+            value = predicted(cut)[0]
+        except RunError as e:
+            refused.append(f"{run['id']} ({e})")
+            continue
+        err = value / row["published"] - 1
+        errors.append(abs(err))
+        if abs(err) > 0.20:
+            far.append(f"{run['id']} {err:+.1%} (with the row's own fields "
+                       f"{row['relative_error']:+.1%})")
+    print("\n## the same rows given only the issue's fields (runspec.ISSUE_FIELDS; the rest at "
+          "their defaults or read from the run, runspec.read_run)")
+    print(summary("rows", errors) + f"; {len(refused)} refused")
+    for line in far + [f"refused: {x}" for x in refused]:
+        print(f"  {line}")
+
+
 def main(argv: list[str] | None = None) -> list[float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=output_file, help="also write the rows and predictions here")
@@ -364,6 +393,7 @@ def main(argv: list[str] | None = None) -> list[float]:
             print(summary(f"    {precision}", [abs(row["relative_error"]) for row in out if
                                               (row["run"]["gpu"], row["precision"])
                                               == (gpu, precision)]))
+    issue_fields_only(out)
     precision_pairs(out)
     micro_batch_sensitivity(out)
     for pattern, label in MLPERF_FITS.items():

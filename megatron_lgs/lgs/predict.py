@@ -2,11 +2,12 @@
 
 RUNS.json is a JSON list of runs (fields in `runspec`). Each good run prints
 {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu", "fits_memory",
-"peak_memory_gb", "breakdown", "unknown_fields", "inert_fields"} on stdout (the breakdown in
-seconds per term, summing to the step time; TFLOP/s are Megatron-LM's model FLOPs, 6N plus
-attention, recompute not counted; MFU against the GPU's dense BF16 peak, FP16 on V100; the
-fields it ignored: keys that are no run field, and fields set that change nothing for that run,
-`runspec.inert_fields`). A bad run prints one line on stderr naming
+"peak_memory_gb", "breakdown", "unknown_fields", "inert_fields", "assumed"} on stdout (the
+breakdown in seconds per term, summing to the step time; TFLOP/s are Megatron-LM's model FLOPs,
+6N plus attention, recompute not counted; MFU against the GPU's dense BF16 peak, FP16 on V100;
+the fields it ignored: keys that are no run field, and fields set that change nothing for that
+run, `runspec.inert_fields`; and the fields left null that were read from the run itself,
+`run_defaults`). A bad run prints one line on stderr naming
 the run and the field, and the others are still predicted; the exit code is then 2.
 """
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from megatron_lgs.lgs.runspec import RunError, inert_fields, run_from_dict, unknown_fields
+from megatron_lgs.lgs.runspec import RunError, inert_fields, read_run, unknown_fields
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 
 
@@ -54,7 +55,7 @@ def predict_file(path: Path, out: TextIO | None = None, err: TextIO | None = Non
     for i, raw in enumerate(runs):
         name = _run_name(i, raw)
         try:
-            run = run_from_dict(raw)
+            run, assumed = read_run(raw)
             est = predict_run(run)
         except RunError as e:
             print(f"predict: run {name}: {e}", file=err)
@@ -65,7 +66,7 @@ def predict_file(path: Path, out: TextIO | None = None, err: TextIO | None = Non
             code = 2
             continue
         record = {**prediction_record(est), "unknown_fields": unknown_fields(raw),
-                  "inert_fields": inert_fields(raw, run)}
+                  "inert_fields": inert_fields(raw, run), "assumed": assumed}
         print(json.dumps(record), file=out)
         out.flush()
     return code

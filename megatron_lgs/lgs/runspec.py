@@ -1,58 +1,60 @@
 """One training run as the whole-step model sees it: model shape, layout, batch, hardware.
 
 `run_from_dict` reads the JSON form `python -m megatron_lgs.lgs.simulate predict` takes and
-raises `RunError(field, reason)` for a missing or inconsistent field. Defaults of the nullable
-fields (null or absent): gpus_per_node 8, nic_gbit_per_gpu the profile's usual fabric,
-ffn_hidden 4 x hidden, kv_heads = heads, head_dim hidden / heads (the width of one attention
-head, Megatron's --kv-channels; Qwen3's 128 beside a hidden of 2048 and 32 heads), cp 1, dp
-derived, ep 1, vpp 1, recompute none (selective: Megatron-LM's --recompute-granularity
-selective, of the `recompute_modules` below), precision bf16 (fp16 on V100), swiglu false,
-num_experts 0 (dense), moe_topk 2, distributed_optimizer false, sequence_parallel true when tp > 1
-(megatron-core needs it for MoE with TP and Megatron-LM's examples set it), and the extensions:
-zero (0, or 1 with the distributed optimizer; 2/3 are Megatron-FSDP optim_grads /
-optim_grads_params, modelled with pp 1; this trainer runs them with pure data parallelism and
-the planner proposes them only there), etp (expert TP, = tp as in megatron-core), moe_ffn_hidden
-(= ffn_hidden), flash_attention (true, false on V100), tp_comm_overlap (false, Megatron-LM's
-default), overlap_grad_reduce (true), ddp_bucket_size (null: megatron-core DDP's default,
-max(40M, 1M x DP) parameters a gradient bucket; N: Megatron-LM's --ddp-bucket-size, a bucket
-closing once it holds N parameters, so a small N gives a bucket, and a collective, per weight
-tensor), dfa_bucket_cap_mb (null: megatron-core's DDP; N: NeMo 1's distributed optimizer,
-Apex's DistributedFusedAdam with `bucket_cap_mb` N, buckets of N MiB of gradients with tensors
-cut across them, reduced as they fill on the first stage of a schedule without virtual
-stages and after each model chunk's last backward elsewhere (interleaved: pp-rank backwards
-later), as megatron-core's schedules run Apex's grad_sync_func; the trainer runs
-megatron-core's DDP only), overlap_param_gather
-(= overlap_grad_reduce),
-untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad buffer with fused
-weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in param.grad, see
-`gradbuffer`), overlap_p2p_comm (true: Megatron-Core's --overlap-p2p-communication, which
-applies to interleaved schedules only), p2p_scatter_gather (false; true: Megatron-LM of 2021's
-default scatter-gather of pipeline sends over the TP group), tp_async_backward (true:
-Transformer Engine runs the column-parallel backward's collectives beside the gradient GEMMs;
-false: Megatron-LM of 2021's blocking all-reduce, see `tpcomm`), grad_reduce_in_fp32 (true:
-gradients accumulated and reduced in FP32, what Megatron-LM's arguments force with BF16; false:
-megatron-core's DDP config left at BF16, as NeMo's Megatron-Bridge performance recipes set it;
-FP16 runs always use FP16), fp8_recipe (delayed, Megatron-LM's --fp8-recipe default; current:
-per-tensor current scaling, NeMo's FP8-CS; read only when precision is fp8), fp8_params (true:
-the weights are FP8 parameters, Megatron-LM's --fp8-param-gather as Megatron-Bridge's FP8
-recipes set it; false: BF16 weights beside Transformer Engine's cached FP8 copy and transpose, 2
-B more a parameter, see `stepmemory`; read only when precision is fp8), tp_only_amax_red (false,
-Megatron-LM's default: delayed scaling's amax all-reduce runs over TP x DP x CP; true, its
---tp-only-amax-red: over TP x CP only; read only with fp8 and fp8_recipe delayed, see
-`stepmodel.fp8_amax_reduction`), async_amax_reduction (false; true: Transformer Engine before 1.6
-under NVTE_ASYNC_AMAX_REDUCTION=1, the all-reduce waited for only at the next FP8 module, so
-hidden), and megatron-core's
-uneven pipeline splits: decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers
-(null: the even share) and account_for_embedding_in_pipeline_split /
-account_for_loss_in_pipeline_split (false), with Megatron-LM's flag names, recompute_num_layers
-(null: full recompute of every layer; N: Megatron's block method, the first N layers of each
-model chunk), moe_a2a_overlap (false; true: megatron-core's EP all-to-all overlap,
---overlap-moe-expert-parallel-comm, Bridge's moe_a2a_overlap; it needs ep > 1, virtual stages
-when pp > 1 and no full recompute), delay_wgrad_compute (false; true: with moe_a2a_overlap,
-megatron-core's --delay-wgrad-compute, weight gradients apart from and after the data
-gradients, as Megatron-LM's, Megatron-Bridge's and the ModelZoo's overlap recipes set it),
-qk_layernorm (false; true: a norm on each query and key head, Qwen3's, --qk-layernorm),
-position_embedding (learned_absolute, Megatron-LM's
+raises `RunError(field, reason)` for a missing or inconsistent field. Three kinds of unset
+field are read from the run itself (`run_defaults`, and `read_run` says which): the pipeline
+split of a model whose layers do not divide over its stages, the experts' TP (etp 1) where the
+default etp = tp cannot fit, and the software of an FP16 run, Megatron-LM of 2021
+(`run_defaults.FP16_SOFTWARE`, and no sequence parallelism for a dense model), which replaces
+the defaults below. Defaults of the nullable fields (null or absent): gpus_per_node 8,
+nic_gbit_per_gpu the profile's usual fabric, ffn_hidden 4 x hidden, kv_heads = heads, head_dim
+hidden / heads (the width of one attention head, Megatron's --kv-channels; Qwen3's 128 beside a
+hidden of 2048 and 32 heads), cp 1, dp derived, ep 1, vpp 1, recompute none (selective:
+Megatron-LM's --recompute-granularity selective, of the `recompute_modules` below), precision
+bf16 (fp16 on V100), swiglu false, num_experts 0 (dense), moe_topk 2, distributed_optimizer
+false, sequence_parallel true when tp > 1 (megatron-core needs it for MoE with TP and
+Megatron-LM's examples set it), and the extensions: zero (0, or 1 with the distributed
+optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params, modelled with pp 1; this
+trainer runs them with pure data parallelism and the planner proposes them only there), etp
+(expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
+false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
+ddp_bucket_size (null: megatron-core DDP's default, max(40M, 1M x DP) parameters a gradient
+bucket; N: Megatron-LM's --ddp-bucket-size, a bucket closing once it holds N parameters, so a
+small N gives a bucket, and a collective, per weight tensor), dfa_bucket_cap_mb (null:
+megatron-core's DDP; N: NeMo 1's distributed optimizer, Apex's DistributedFusedAdam with
+`bucket_cap_mb` N, buckets of N MiB of gradients with tensors cut across them, reduced as they
+fill on the first stage of a schedule without virtual stages and after each model chunk's last
+backward elsewhere (interleaved: pp-rank backwards later), as megatron-core's schedules run
+Apex's grad_sync_func; the trainer runs megatron-core's DDP only), overlap_param_gather (=
+overlap_grad_reduce), untie_embeddings (true), grad_buffer (true: megatron-core's FP32 main-grad
+buffer with fused weight-gradient accumulation; false: Megatron-LM of 2021, FP16 gradients in
+param.grad, see `gradbuffer`), overlap_p2p_comm (true: Megatron-Core's
+--overlap-p2p-communication, which applies to interleaved schedules only), p2p_scatter_gather
+(false; true: Megatron-LM of 2021's default scatter-gather of pipeline sends over the TP group),
+tp_async_backward (true: Transformer Engine runs the column-parallel backward's collectives
+beside the gradient GEMMs; false: Megatron-LM of 2021's blocking all-reduce, see `tpcomm`),
+grad_reduce_in_fp32 (true: gradients accumulated and reduced in FP32, what Megatron-LM's
+arguments force with BF16; false: megatron-core's DDP config left at BF16, as NeMo's
+Megatron-Bridge performance recipes set it; FP16 runs always use FP16), fp8_recipe (delayed,
+Megatron-LM's --fp8-recipe default; current: per-tensor current scaling, NeMo's FP8-CS; read
+only when precision is fp8), fp8_params (true: the weights are FP8 parameters, Megatron-LM's
+--fp8-param-gather as Megatron-Bridge's FP8 recipes set it; false: BF16 weights beside
+Transformer Engine's cached FP8 copy and transpose, 2 B more a parameter, see `stepmemory`; read
+only when precision is fp8), tp_only_amax_red (false, Megatron-LM's default: delayed scaling's
+amax all-reduce runs over TP x DP x CP; true, its --tp-only-amax-red: over TP x CP only; read
+only with fp8 and fp8_recipe delayed, see `stepmodel.fp8_amax_reduction`), async_amax_reduction
+(false; true: Transformer Engine before 1.6 under NVTE_ASYNC_AMAX_REDUCTION=1, the all-reduce
+waited for only at the next FP8 module, so hidden), and megatron-core's uneven pipeline splits:
+decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers (null: the even share) and
+account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split (false), with
+Megatron-LM's flag names, recompute_num_layers (null: full recompute of every layer; N:
+Megatron's block method, the first N layers of each model chunk), moe_a2a_overlap (false; true:
+megatron-core's EP all-to-all overlap, --overlap-moe-expert-parallel-comm, Bridge's
+moe_a2a_overlap; it needs ep > 1, virtual stages when pp > 1 and no full recompute),
+delay_wgrad_compute (false; true: with moe_a2a_overlap, megatron-core's --delay-wgrad-compute,
+weight gradients apart from and after the data gradients, as Megatron-LM's, Megatron-Bridge's
+and the ModelZoo's overlap recipes set it), qk_layernorm (false; true: a norm on each query and
+key head, Qwen3's, --qk-layernorm), position_embedding (learned_absolute, Megatron-LM's
 --position-embedding-type default; rope: rotary embeddings applied to every query and key,
 charged as element-wise passes; none), rope_fusion (true, Megatron-LM's default: Transformer
 Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torch ops; read only
@@ -82,6 +84,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
+from megatron_lgs.lgs.run_defaults import assume
 from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split, pipeline_split
 
 RECOMPUTE = ("none", "selective", "full")
@@ -91,6 +94,10 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 MAX_STAGE_TENSORS = 1_000_000  # `_check_stage_tensors`
+# The model keeps lists per stage and per model chunk and replays each stage's schedule: 1024
+# stages, or 4096 chunks, take ~1 s on 2 cores, 4096 stages ~27 s. Published pipelines hold
+# at most 64 stages and 128 chunks; a mistyped pp or vpp of 10^5 had run for minutes.
+MAX_PIPELINE_STAGES, MAX_MODEL_CHUNKS = 1024, 4096
 
 
 class RunError(ValueError):
@@ -204,6 +211,11 @@ class Run:
 
 REQUIRED = ("id", "gpu", "num_gpus", "num_layers", "hidden", "heads", "vocab", "seq_length",
             "tp", "pp", "micro_batch", "global_batch")
+# What the issue's `predict` interface names: REQUIRED and these nullable fields. Every other
+# field is this model's own extension, which a caller of that interface does not know.
+ISSUE_FIELDS = REQUIRED + ("gpus_per_node", "nic_gbit_per_gpu", "ffn_hidden", "kv_heads", "cp",
+                           "dp", "ep", "vpp", "recompute", "precision", "swiglu", "num_experts",
+                           "moe_topk", "distributed_optimizer", "sequence_parallel")
 _FIELDS = frozenset(f.name for f in fields(Run))
 _INTS = {f.name for f in fields(Run) if f.type == "int"}
 _ZERO_ALLOWED = ("num_experts", "zero")  # the other integer fields keep 0 for "the default"
@@ -261,6 +273,12 @@ def run_to_dict(r: Run) -> dict[str, Any]:
 
 def run_from_dict(d: dict[str, Any]) -> Run:
     """A validated Run; unknown keys are ignored, nulls take the documented defaults."""
+    return read_run(d)[0]
+
+
+def read_run(d: dict[str, Any]) -> tuple[Run, dict[str, Any]]:
+    """`run_from_dict`'s Run, and the fields it left null that were read from the run itself
+    rather than given a fixed default (`run_defaults.assume`)."""
     if not isinstance(d, dict):
         raise RunError("run", "must be a JSON object")
     given = {k: v for k, v in d.items() if k in _FIELDS and v is not None}
@@ -275,16 +293,6 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     if "head_dim" not in vals:
         _divides("hidden", f"hidden {vals['hidden']} not divisible by heads {vals['heads']} "
                  "(give head_dim)", vals["heads"], vals["hidden"])
-    vals.setdefault("etp", vals["tp"])
-    vals.setdefault("sequence_parallel", vals["tp"] > 1)
-    vals.setdefault("flash_attention", vals["gpu"] != "v100-32gb")
-    vals.setdefault("precision", "fp16" if vals["gpu"] == "v100-32gb" else "bf16")
-    dist = vals.get("distributed_optimizer", False)
-    if dist and vals.get("zero", 1) == 0:
-        raise RunError("zero", "0 contradicts distributed_optimizer true")
-    vals.setdefault("zero", 1 if dist else 0)
-    vals["distributed_optimizer"] = vals["zero"] >= 1
-    vals.setdefault("overlap_param_gather", vals.get("overlap_grad_reduce", True))
     tp, pp, cp = vals["tp"], vals["pp"], vals.get("cp", 1)
     if vals["num_gpus"] % (tp * pp * cp):
         raise RunError("num_gpus", f"{vals['num_gpus']} not divisible by tp x pp x cp = "
@@ -293,9 +301,29 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     if vals.setdefault("dp", dp) != dp:
         raise RunError("dp", f"tp x pp x cp x dp = {tp * pp * cp * vals['dp']} != num_gpus "
                              f"{vals['num_gpus']}")
+    vals.setdefault("precision", "fp16" if vals["gpu"] == "v100-32gb" else "bf16")
+    if pp > MAX_PIPELINE_STAGES:
+        raise RunError("pp", f"{pp} stages exceed the model's limit of {MAX_PIPELINE_STAGES}")
+    if pp * vals.get("vpp", 1) > MAX_MODEL_CHUNKS:
+        raise RunError("vpp", f"pp x vpp = {pp * vals['vpp']} model chunks exceed the model's "
+                              f"limit of {MAX_MODEL_CHUNKS}")
+    try:
+        assumed = assume(vals)
+    except SplitError as e:
+        raise RunError(e.field, str(e)) from None
+    vals.update(assumed)
+    vals.setdefault("etp", vals["tp"])
+    vals.setdefault("sequence_parallel", vals["tp"] > 1)
+    vals.setdefault("flash_attention", vals["gpu"] != "v100-32gb")
+    dist = vals.get("distributed_optimizer", False)
+    if dist and vals.get("zero", 1) == 0:
+        raise RunError("zero", "0 contradicts distributed_optimizer true")
+    vals.setdefault("zero", 1 if dist else 0)
+    vals["distributed_optimizer"] = vals["zero"] >= 1
+    vals.setdefault("overlap_param_gather", vals.get("overlap_grad_reduce", True))
     run = Run(**vals)
     check_run(run)
-    return run
+    return run, assumed
 
 
 def unknown_fields(d: dict[str, Any]) -> list[str]:
@@ -427,8 +455,9 @@ def check_run(r: Run) -> None:
             raise RunError("moe_topk", f"must be in 1..num_experts, got {r.moe_topk}")
         _divides("ep", f"num_experts {r.num_experts} not divisible by ep {r.ep}", r.ep,
                  r.num_experts)
-        _divides("ep", f"ep x etp = {r.ep * r.etp} does not divide tp x cp x dp = "
-                 f"{r.tp * r.cp * r.dp}", r.ep * r.etp, r.tp * r.cp * r.dp)
+        _divides("ep", f"ep x etp = {r.ep} x {r.etp} does not divide tp x cp x dp = "
+                 f"{r.tp * r.cp * r.dp} (etp, the experts' TP, is tp unless given)",
+                 r.ep * r.etp, r.tp * r.cp * r.dp)
         if r.tp > 1 and not r.sequence_parallel:
             raise RunError("sequence_parallel", "MoE with tp > 1 needs sequence parallelism")
     elif r.ep > 1:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile
-from megatron_lgs.lgs.runspec import RunError, run_from_dict
+from megatron_lgs.lgs.runspec import RunError, read_run, run_from_dict
 from megatron_lgs.lgs.stepmemory import activation_bytes
 from megatron_lgs.lgs.stepmodel import predict_run, stage_costs, stage_params, sync_workload
 from megatron_lgs.lgs.workload import SplitError, layer_split, stage_backward, stage_numel
@@ -124,3 +124,43 @@ def test_planner_counts_embedding_and_loss_where_only_that_divides_the_model() -
         validate(cfg)
         assert cfg.parallel.virtual_pipeline_size(cfg.model.num_layers) == (
             vpp if vpp > 1 else None)
+
+
+# (layers, pp, vpp) of published models whose layers do not divide over their stages, and the
+# split `predict` reads them with when the run gives none: Llama 3.1 405B on 8 stages of 8
+# chunks, Qwen3-235B on 8 of 4, BLOOM on 12, a DeepSeek-V3-like 61 on 16, and an even model.
+COUNTED = {"account_for_embedding_in_pipeline_split": True,
+           "account_for_loss_in_pipeline_split": True}
+INFERRED = [((126, 8, 8), COUNTED), ((94, 8, 4), COUNTED), ((70, 12, 1), COUNTED),
+            ((61, 16, 1), {"decoder_last_pipeline_num_layers": 1}), ((32, 4, 2), {})]
+
+
+@pytest.mark.parametrize(("shape", "assumed"), INFERRED, ids=str)
+def test_a_run_without_a_split_takes_one_megatron_core_accepts(shape, assumed) -> None:
+    layers, pp, vpp = shape
+    given = {**RUN, "num_layers": layers, "pp": pp, "vpp": vpp, "num_gpus": 2 * pp * 4,
+             "global_batch": 64, "account_for_embedding_in_pipeline_split": None,
+             "account_for_loss_in_pipeline_split": None}
+    r, said = read_run(given)
+    assert said == assumed
+    assert r.layer_split() == megatron_split(layers, pp, vpp, r.decoder_first_pipeline_num_layers,
+                                             r.decoder_last_pipeline_num_layers,
+                                             r.account_for_embedding_in_pipeline_split,
+                                             r.account_for_loss_in_pipeline_split)
+    explicit = run_from_dict({**given, **assumed})
+    assert predict_run(r).step_time_s == predict_run(explicit).step_time_s
+
+
+def test_a_split_the_run_gives_is_not_second_guessed() -> None:
+    """A run that sets a split field keeps it, and is refused where it does not fit; a model
+    no split fits is refused naming num_layers."""
+    given = {**RUN, "num_layers": 126, "pp": 8, "vpp": 8, "num_gpus": 64,
+             "account_for_embedding_in_pipeline_split": False,
+             "account_for_loss_in_pipeline_split": None}
+    with pytest.raises(RunError) as err:
+        run_from_dict(given)
+    assert err.value.field == "num_layers"
+    with pytest.raises(RunError) as err:  # 7 layers, 8 stages: every split leaves one empty
+        run_from_dict({**given, "num_layers": 7, "vpp": None,
+                       "account_for_embedding_in_pipeline_split": None})
+    assert err.value.field == "num_layers"

@@ -53,7 +53,8 @@ MOE = {"id": "moe", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 16, "hidden
        "num_experts": 16, "moe_topk": 2, "distributed_optimizer": True,
        "recompute": "selective"}
 KEYS = {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu",
-        "fits_memory", "peak_memory_gb", "breakdown", "unknown_fields", "inert_fields"}
+        "fits_memory", "peak_memory_gb", "breakdown", "unknown_fields", "inert_fields",
+        "assumed"}
 
 
 def _predict(runs: list, tmp_path: Path) -> tuple[int, list[dict], list[str]]:
@@ -135,6 +136,8 @@ def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
     # Beyond any model: refused at once instead of building a billion layers' tensors.
     ({"num_layers": 10**9}, "num_layers"),
     ({"num_experts": 10**8, "moe_topk": 2, "ep": 4}, "num_experts"),
+    ({"num_gpus": 4 * 10**9, "pp": 10**9, "num_layers": 10**9}, "pp"),
+    ({"num_layers": 2 * 10**5, "vpp": 10**5}, "vpp"),
 ])
 def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
                                                     field: str) -> None:
@@ -444,6 +447,11 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     assert len(later) == 3 and f"{later[0]}, {later[1]}, {later[2]} where 25.11" in \
         " ".join(readme.split()), later
     assert out.count("torchtitan-llama31-8b-") == 2
+    # Every row again from the issue's fields alone, none refused, with the README's figures.
+    only = re.search(r"given only the issue's fields.*\nrows (\d+): median \|error\| (\S+), "
+                     r"worst (\S+),.*; (\d+) refused", out)
+    assert only and (int(only.group(1)), only.group(4)) == (len(rows), "0")
+    assert f"median {only.group(2)}, worst {only.group(3)}" in " ".join(readme.split())
     # Two ranking checks, the ModelZoo's MoE layouts first: the planner's Hopper header quotes
     # that one, and must say what the bench prints.
     assert out.count("pairs of layouts ordered as published") == 2

@@ -1,0 +1,80 @@
+"""What a run that leaves a setting unset is read as, where the answer depends on the run.
+
+`predict`'s input names a published run by the issue's fields; the software settings that moved
+its step are mostly not among them. Three of them are read from the run itself, and each line
+of `predict` names what was read this way (`assumed`):
+
+- The pipeline split of a model whose layers do not divide over the stages (Llama 3.1 405B's
+  126 on 8 or 16 stages, Qwen3-235B's 94 on 8, BLOOM's 70 on 12). megatron-core refuses such a
+  model without an uneven split, so the run had one. Tried in order, the first megatron-core
+  accepts (`workload.layer_split`): the embedding and the loss counted as one layer each
+  (Megatron-LM's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split,
+  how NVIDIA's recipes for the 405B and Qwen3-235B split them, and how Megatron-DeepSpeed
+  split BLOOM); then a lighter last stage (--decoder-last-pipeline-num-layers), every other
+  stage holding the largest even share.
+- The experts' tensor parallelism of an MoE run whose EP x TP does not fit its TP x CP x DP
+  GPUs: megatron-core's default (etp = tp) would be refused, so the run had less; NVIDIA's
+  recipes (Qwen3-235B at TP2 EP32 on 256 GPUs) set 1, each expert whole on its GPU.
+- The code of an FP16 run. Megatron-LM trained in FP16 until BF16 came in 2021-03 (commit
+  b4bc51b1e7) and had no flash attention until 2022-12 (d693034ecf); NVIDIA's FP16 runs on
+  A100 (Narayanan et al. 2021, Korthikanti et al. 2022, the README's GPT-3 175B) and V100 ran
+  that code, and its recipes since run BF16 or FP8. So an FP16 run takes the settings of
+  Megatron-LM of 2021 (`FP16_SOFTWARE`, `gradbuffer`, `tpcomm`) for those it leaves unset,
+  and no sequence parallelism (2022-05) for a dense model; a run that sets them keeps its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron_lgs.lgs.workload import SPLIT_FIELDS, SplitError, layer_split
+
+# Megatron-LM of 2021: unfused attention (its fused scale-mask-softmax), FP16 gradients in
+# param.grad (no FP32 main-gradient buffer), its "local" DDP reducing after the backward, the
+# TP all-reduce blocking in autograd, pipeline sends scattered over the TP group and not
+# overlapped, tied input and output embeddings.
+FP16_SOFTWARE = {"flash_attention": False, "grad_buffer": False, "overlap_grad_reduce": False,
+                 "tp_async_backward": False, "p2p_scatter_gather": True,
+                 "overlap_p2p_comm": False, "untie_embeddings": False}
+
+
+def _splits(num_layers: int, pp: int, vpp: int) -> list[dict[str, Any]]:
+    share = vpp * -(-num_layers // (pp * vpp))  # the largest even share, whole chunks
+    return [{}, {SPLIT_FIELDS[2]: True, SPLIT_FIELDS[3]: True},
+            {SPLIT_FIELDS[1]: num_layers - (pp - 1) * share}]
+
+
+def pipeline_split_for(num_layers: int, pp: int, vpp: int) -> dict[str, Any]:
+    """The split fields of the first split in `_splits` that megatron-core accepts; the even
+    split's SplitError when none does."""
+    first_error = None
+    for split in _splits(num_layers, pp, vpp):
+        last = split.get(SPLIT_FIELDS[1], 0)
+        if SPLIT_FIELDS[1] in split and last < 1:
+            continue
+        try:
+            layer_split(num_layers, pp, vpp, 0, last, split.get(SPLIT_FIELDS[2], False),
+                        split.get(SPLIT_FIELDS[3], False))
+        except SplitError as e:
+            first_error = first_error or e
+            continue
+        return split
+    raise first_error
+
+
+def assume(vals: dict[str, Any]) -> dict[str, Any]:
+    """The fields `vals` (a run's given and defaulted fields, `runspec.read_run`, dp included)
+    leaves unset that are read from the run: its pipeline split, its experts' TP and an FP16
+    run's software. Raises SplitError where no split fits."""
+    out: dict[str, Any] = {}
+    if not any(f in vals for f in SPLIT_FIELDS):
+        out.update(pipeline_split_for(vals["num_layers"], vals["pp"], vals.get("vpp", 1)))
+    if "etp" not in vals and vals.get("num_experts") and vals["tp"] > 1:
+        ep, width = vals.get("ep", 1), vals["tp"] * vals.get("cp", 1) * vals["dp"]
+        if width % (ep * vals["tp"]) and not width % ep:
+            out["etp"] = 1
+    if vals["precision"] == "fp16":
+        out.update({k: v for k, v in FP16_SOFTWARE.items() if k not in vals})
+        if "sequence_parallel" not in vals and not vals.get("num_experts"):
+            out["sequence_parallel"] = False
+    return out
