@@ -9,8 +9,9 @@ microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
 recompute pass; the Megatron-LM README counts Megatron-LM's model FLOPs), or as the iteration
 time (Korthikanti et al., BigScience's BLOOM) or tokens per second (NeMo, Megatron-Bridge; the
-step times of MLPerf and of NVIDIA's DGX Cloud recipes) where the source gives that. Offline,
-pure Python:
+step times of MLPerf and of NVIDIA's DGX Cloud recipes) where the source gives that. Under the
+table, the same rows again in the issue's fields alone, as a caller of `predict` outside this
+repository gives a run. Offline, pure Python:
 
     python bench/published_runs.py [--json OUT.json]
 """
