@@ -18,9 +18,11 @@ of `predict` names what was read this way (`assumed`):
 - The code of an FP16 run. Megatron-LM trained in FP16 until BF16 came in 2021-03 (commit
   b4bc51b1e7) and had no flash attention until 2022-12 (d693034ecf); NVIDIA's FP16 runs on
   A100 (Narayanan et al. 2021, Korthikanti et al. 2022, the README's GPT-3 175B) and V100 ran
-  that code, and its recipes since run BF16 or FP8. So an FP16 run takes the settings of
-  Megatron-LM of 2021 (`FP16_SOFTWARE`, `gradbuffer`, `tpcomm`) for those it leaves unset,
-  and no sequence parallelism (2022-05) for a dense model; a run that sets them keeps its own.
+  that code, and its recipes since run BF16 or FP8. So an FP16 run that uses nothing that
+  code lacked (no distributed optimizer, context parallelism or experts, which came with
+  megatron-core and Transformer Engine's attention) takes the settings of Megatron-LM of 2021
+  (`FP16_SOFTWARE`, `gradbuffer`, `tpcomm`) and no sequence parallelism (2022-05) for those
+  it leaves unset; a run that sets them keeps its own.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def assume(vals: dict[str, Any]) -> dict[str, Any]:
         ep, width = vals.get("ep", 1), vals["tp"] * vals.get("cp", 1) * vals["dp"]
         if width % (ep * vals["tp"]) and not width % ep:
             out["etp"] = 1
-    if vals["precision"] == "fp16":
-        out.update({k: v for k, v in FP16_SOFTWARE.items() if k not in vals})
-        if "sequence_parallel" not in vals and not vals.get("num_experts"):
-            out["sequence_parallel"] = False
+    later = vals.get("distributed_optimizer") or vals.get("zero") or vals.get("cp", 1) > 1 \
+        or vals.get("num_experts")
+    if vals["precision"] == "fp16" and not later:
+        software = {**FP16_SOFTWARE, "sequence_parallel": False}
+        out.update({k: v for k, v in software.items() if k not in vals})
     return out

@@ -1,12 +1,12 @@
 """One training run as the whole-step model sees it: model shape, layout, batch, hardware.
 
 `run_from_dict` reads the JSON form `python -m megatron_lgs.lgs.simulate predict` takes and
-raises `RunError(field, reason)` for a missing or inconsistent field. Three kinds of unset
-field are read from the run itself (`run_defaults`, and `read_run` says which): the pipeline
-split of a model whose layers do not divide over its stages, the experts' TP (etp 1) where the
-default etp = tp cannot fit, and the software of an FP16 run, Megatron-LM of 2021
-(`run_defaults.FP16_SOFTWARE`, and no sequence parallelism for a dense model), which replaces
-the defaults below. Defaults of the nullable fields (null or absent): gpus_per_node 8,
+raises `RunError(field, reason)` for a missing or inconsistent field. Three kinds of unset field
+are read from the run itself (`run_defaults`, and `read_run` says which): the pipeline split of
+a model whose layers do not divide over its stages, the experts' TP (etp 1) where the default
+etp = tp cannot fit, and the software of an FP16 run without a distributed optimizer, CP or
+experts, Megatron-LM of 2021 (`run_defaults.FP16_SOFTWARE`, and no sequence parallelism), which
+replaces the defaults below. Defaults of the nullable fields (null or absent): gpus_per_node 8,
 nic_gbit_per_gpu the profile's usual fabric, ffn_hidden 4 x hidden, kv_heads = heads, head_dim
 hidden / heads (the width of one attention head, Megatron's --kv-channels; Qwen3's 128 beside a
 hidden of 2048 and 32 heads), cp 1, dp derived, ep 1, vpp 1, recompute none (selective:

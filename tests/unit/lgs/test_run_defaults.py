@@ -38,10 +38,11 @@ def test_what_a_run_sets_is_kept_and_not_reported() -> None:
     assert r.flash_attention and r.sequence_parallel
     assert "flash_attention" not in assumed and "sequence_parallel" not in assumed
     assert read_run({**FP16_RUN, "precision": "bf16"})[1] == {}
-    # An FP16 MoE run with TP keeps sequence parallelism, which megatron-core requires there.
-    moe = {**FP16_RUN, "num_experts": 8, "moe_topk": 2, "ep": 4}
-    r, assumed = read_run(moe)
-    assert r.sequence_parallel and "sequence_parallel" not in assumed
+    # An FP16 run with what Megatron-LM of 2021 lacked ran later code: today's defaults.
+    for later in ({"num_experts": 8, "moe_topk": 2, "ep": 4}, {"cp": 2},
+                  {"distributed_optimizer": True}):
+        r, assumed = read_run({**FP16_RUN, **later})
+        assert assumed == {} and r.flash_attention and r.sequence_parallel, later
 
 
 def test_predict_lines_name_what_was_assumed(tmp_path: Path) -> None:
