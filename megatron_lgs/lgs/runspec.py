@@ -95,8 +95,9 @@ FP8_RECIPES = ("delayed", "current")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 MAX_STAGE_TENSORS = 1_000_000  # `_check_stage_tensors`
 # The model keeps lists per stage and per model chunk and replays each stage's schedule: 1024
-# stages, or 4096 chunks, take ~1 s on 2 cores, 4096 stages ~27 s. Published pipelines hold
-# at most 64 stages and 128 chunks; a mistyped pp or vpp of 10^5 had run for minutes.
+# stages, or 4096 chunks, take ~1 s on 2 cores, 4096 stages ~27 s. The published runs of
+# bench/ hold at most 64 stages (Narayanan's 1T) and 112 chunks (the H100 README's 462B); a
+# pp of 10^9 had exhausted memory, a vpp of 10^5 run for minutes.
 MAX_PIPELINE_STAGES, MAX_MODEL_CHUNKS = 1024, 4096
 
 
@@ -304,9 +305,9 @@ def read_run(d: dict[str, Any]) -> tuple[Run, dict[str, Any]]:
     vals.setdefault("precision", "fp16" if vals["gpu"] == "v100-32gb" else "bf16")
     if pp > MAX_PIPELINE_STAGES:
         raise RunError("pp", f"{pp} stages exceed the model's limit of {MAX_PIPELINE_STAGES}")
-    if pp * vals.get("vpp", 1) > MAX_MODEL_CHUNKS:
-        raise RunError("vpp", f"pp x vpp = {pp * vals['vpp']} model chunks exceed the model's "
-                              f"limit of {MAX_MODEL_CHUNKS}")
+    if (chunks := pp * vals.get("vpp", 1)) > MAX_MODEL_CHUNKS:
+        raise RunError("vpp", f"pp x vpp = {chunks} model chunks exceed the model's limit of "
+                              f"{MAX_MODEL_CHUNKS}")
     try:
         assumed = assume(vals)
     except SplitError as e:
