@@ -107,6 +107,24 @@ def tree_allreduce_time(n: float, p: int, link: Link) -> float:
     return 2 * math.log2(p) * link.alpha_s + 2 * n / link.bandwidth_Bps
 
 
+# NCCL's tuner rates a tree all-reduce at 0.92 of the link's bus bandwidth
+# (`src/graph/tuning.cc`: `busBw * .92` for NCCL_ALGO_TREE with ncclFuncAllReduce).
+NCCL_TREE_BW = 0.92
+
+
+def inter_node_allreduce_time(n: float, m: int, link: Link) -> float:
+    """An all-reduce of n bytes over m ranks on m nodes as NCCL runs it: the faster of its ring
+    and its tree by NCCL's own tuning model (`src/graph/tuning.cc`, `ncclTopoTuneModel`: ring
+    latency 2(m-1) hops and algorithm bandwidth busBw x m / 2(m-1); tree latency 2 log2(m)
+    hops and 0.5 x 0.92 x busBw), which picks the tree where the ring's latency would dominate,
+    many nodes and small messages."""
+    _check(m, n)
+    if m == 1:
+        return 0.0
+    tree = 2 * math.log2(m) * link.alpha_s + n / (0.5 * NCCL_TREE_BW * link.bandwidth_Bps)
+    return min(ring_allreduce_time(n, m, link), tree)
+
+
 def nccl_allreduce_busbw(algbw_Bps: float, p: int) -> float:
     """NCCL's bus bandwidth of an all-reduce: busbw = algbw x 2(p-1)/p (algbw = n / time)."""
     if p < 1:
@@ -139,8 +157,8 @@ def hierarchical_allreduce(
 ) -> HierarchicalCost:
     """Two-level reduction of an n-byte bucket over g ranks per node x m nodes.
 
-    Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard, then an
-    intra-node all-gather of n. With the distributed optimizer (`all_gather=False`) each rank
+    Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard (NCCL's
+    faster of ring and tree, `inter_node_allreduce_time`), then an intra-node all-gather of n. With the distributed optimizer (`all_gather=False`) each rank
     owns its shard: the inter-node hop is a reduce-scatter and there is no all-gather.
     `inter_message_cap` splits the inter-node part into ceil((n/g)/cap) equal all-reduces:
     each extra message pays the inter latency again but no extra bandwidth term. That is the
@@ -159,7 +177,7 @@ def hierarchical_allreduce(
     k = 1 if inter_message_cap is None else max(1, math.ceil(shard / inter_message_cap))
     # With the distributed optimizer the inter-node hop is a reduce-scatter (each rank keeps
     # its ZeRO shard), as `sync` issues it; otherwise an all-reduce.
-    inter_op = ring_allreduce_time if all_gather else reduce_scatter_time
+    inter_op = inter_node_allreduce_time if all_gather else reduce_scatter_time
     inter = k * inter_op(shard / k, m, hw.inter)
     return HierarchicalCost(intra, inter, k, first)
 
