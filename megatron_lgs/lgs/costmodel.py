@@ -9,7 +9,7 @@ that the ring formulas below reproduce NCCL's own accounting.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 
@@ -118,11 +118,8 @@ def inter_node_allreduce_time(n: float, m: int, link: Link) -> float:
     latency 2(m-1) hops and algorithm bandwidth busBw x m / 2(m-1); tree latency 2 log2(m)
     hops and 0.5 x 0.92 x busBw), which picks the tree where the ring's latency would dominate,
     many nodes and small messages."""
-    _check(m, n)
-    if m == 1:
-        return 0.0
-    tree = 2 * math.log2(m) * link.alpha_s + n / (0.5 * NCCL_TREE_BW * link.bandwidth_Bps)
-    return min(ring_allreduce_time(n, m, link), tree)
+    tree_link = replace(link, bandwidth_Bps=NCCL_TREE_BW * link.bandwidth_Bps)
+    return min(ring_allreduce_time(n, m, link), tree_allreduce_time(n, m, tree_link))
 
 
 def nccl_allreduce_busbw(algbw_Bps: float, p: int) -> float:
@@ -158,8 +155,9 @@ def hierarchical_allreduce(
     """Two-level reduction of an n-byte bucket over g ranks per node x m nodes.
 
     Intra-node reduce-scatter of n, inter-node all-reduce of each rank's n/g shard (NCCL's
-    faster of ring and tree, `inter_node_allreduce_time`), then an intra-node all-gather of n. With the distributed optimizer (`all_gather=False`) each rank
-    owns its shard: the inter-node hop is a reduce-scatter and there is no all-gather.
+    faster of ring and tree, `inter_node_allreduce_time`), then an intra-node all-gather of n.
+    With the distributed optimizer (`all_gather=False`) each rank owns its shard: the
+    inter-node hop is a reduce-scatter and there is no all-gather.
     `inter_message_cap` splits the inter-node part into ceil((n/g)/cap) equal all-reduces:
     each extra message pays the inter latency again but no extra bandwidth term. That is the
     only thing the cap does in an alpha-beta model; its benefit (bounded NIC queues, less
