@@ -10,8 +10,10 @@ of `predict` names what was read this way (`assumed`):
   accepts (`workload.layer_split`): the embedding and the loss counted as one layer each
   (Megatron-LM's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split,
   how NVIDIA's recipes for the 405B and Qwen3-235B split them, and how Megatron-DeepSpeed
-  split BLOOM); then a lighter last stage (--decoder-last-pipeline-num-layers), every other
-  stage holding the largest even share.
+  split BLOOM), or only one of them; then a lighter last stage
+  (--decoder-last-pipeline-num-layers), every other stage holding the largest even share;
+  then lighter first and last stages (--decoder-first-pipeline-num-layers too), or heavier
+  ones where the stages between them cannot take fewer layers.
 - The experts' tensor parallelism of an MoE run whose EP x TP does not fit its TP x CP x DP
   GPUs: megatron-core's default (etp = tp) would be refused, so the run had less; NVIDIA's
   recipes (Qwen3-235B at TP2 EP32 on 256 GPUs) set 1, each expert whole on its GPU.
@@ -41,9 +43,22 @@ FP16_SOFTWARE = {"flash_attention": False, "grad_buffer": False, "overlap_grad_r
 
 
 def _splits(num_layers: int, pp: int, vpp: int) -> list[dict[str, Any]]:
+    """The candidate splits in order: even, the embedding and loss counted (both, the loss
+    alone, the embedding alone), a lighter last stage, then lighter (or, where the stages in
+    between cannot take fewer, heavier) first and last stages around the largest even share
+    that leaves them a chunk each."""
+    out: list[dict[str, Any]] = [{}, {SPLIT_FIELDS[2]: True, SPLIT_FIELDS[3]: True},
+                                 {SPLIT_FIELDS[3]: True}, {SPLIT_FIELDS[2]: True}]
     share = vpp * -(-num_layers // (pp * vpp))  # the largest even share, whole chunks
-    return [{}, {SPLIT_FIELDS[2]: True, SPLIT_FIELDS[3]: True},
-            {SPLIT_FIELDS[1]: num_layers - (pp - 1) * share}]
+    if (last := num_layers - (pp - 1) * share) >= 1:
+        out.append({SPLIT_FIELDS[1]: last})
+    for middle in range(share, 0, -vpp):
+        ends = num_layers - (pp - 2) * middle
+        if ends >= 2 * vpp:
+            first = vpp * (ends // (2 * vpp))
+            out.append({SPLIT_FIELDS[0]: first, SPLIT_FIELDS[1]: ends - first})
+            break
+    return out
 
 
 def pipeline_split_for(num_layers: int, pp: int, vpp: int) -> dict[str, Any]:
@@ -51,11 +66,9 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int) -> dict[str, Any]:
     split's SplitError when none does."""
     first_error = None
     for split in _splits(num_layers, pp, vpp):
-        last = split.get(SPLIT_FIELDS[1], 0)
-        if SPLIT_FIELDS[1] in split and last < 1:
-            continue
         try:
-            layer_split(num_layers, pp, vpp, 0, last, split.get(SPLIT_FIELDS[2], False),
+            layer_split(num_layers, pp, vpp, split.get(SPLIT_FIELDS[0], 0),
+                        split.get(SPLIT_FIELDS[1], 0), split.get(SPLIT_FIELDS[2], False),
                         split.get(SPLIT_FIELDS[3], False))
         except SplitError as e:
             first_error = first_error or e

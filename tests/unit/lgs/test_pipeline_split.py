@@ -4,12 +4,14 @@ model and the gradient-sync workload follow the split."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
 import torch
 
 from megatron_lgs.lgs.gpus import get_gpu, link_profile
+from megatron_lgs.lgs.run_defaults import pipeline_split_for
 from megatron_lgs.lgs.runspec import RunError, read_run, run_from_dict
 from megatron_lgs.lgs.stepmemory import activation_bytes
 from megatron_lgs.lgs.stepmodel import predict_run, stage_costs, stage_params, sync_workload
@@ -132,7 +134,12 @@ def test_planner_counts_embedding_and_loss_where_only_that_divides_the_model() -
 COUNTED = {"account_for_embedding_in_pipeline_split": True,
            "account_for_loss_in_pipeline_split": True}
 INFERRED = [((126, 8, 8), COUNTED), ((94, 8, 4), COUNTED), ((70, 12, 1), COUNTED),
-            ((61, 16, 1), {"decoder_last_pipeline_num_layers": 1}), ((32, 4, 2), {})]
+            ((127, 8, 1), {"account_for_loss_in_pipeline_split": True}),
+            ((61, 16, 1), {"decoder_last_pipeline_num_layers": 1}),
+            ((63, 12, 1), {"decoder_first_pipeline_num_layers": 1,
+                           "decoder_last_pipeline_num_layers": 2}),
+            ((70, 16, 1), {"decoder_first_pipeline_num_layers": 7,
+                           "decoder_last_pipeline_num_layers": 7}), ((32, 4, 2), {})]
 
 
 @pytest.mark.parametrize(("shape", "assumed"), INFERRED, ids=str)
@@ -151,6 +158,26 @@ def test_a_run_without_a_split_takes_one_megatron_core_accepts(shape, assumed) -
     assert predict_run(r).step_time_s == predict_run(explicit).step_time_s
 
 
+def test_where_any_split_without_an_empty_stage_exists_one_is_found() -> None:
+    """Every split megatron-core accepts (first and last stage sizes, the embedding and the
+    loss counted) for small models: where one leaves no stage empty, `predict` finds a split."""
+    for layers, pp, vpp in itertools.product(range(1, 49), (2, 3, 4, 8), (1, 2, 3)):
+        try:
+            pipeline_split_for(layers, pp, vpp)
+            continue
+        except SplitError:
+            pass
+        for first, last, embedding, loss in itertools.product(
+                range(layers + 1), range(layers + 1), (False, True), (False, True)):
+            if (first or last) and (embedding or loss):
+                continue
+            try:
+                chunks = layer_split(layers, pp, vpp, first, last, embedding, loss)
+            except SplitError:
+                continue
+            assert min(map(sum, chunks)) < 1, (layers, pp, vpp, first, last, embedding, loss)
+
+
 def test_a_split_the_run_gives_is_not_second_guessed() -> None:
     """A run that sets a split field keeps it, and is refused where it does not fit; a model
     no split fits is refused naming num_layers."""
@@ -160,7 +187,7 @@ def test_a_split_the_run_gives_is_not_second_guessed() -> None:
     with pytest.raises(RunError) as err:
         run_from_dict(given)
     assert err.value.field == "num_layers"
-    with pytest.raises(RunError) as err:  # 7 layers, 8 stages: every split leaves one empty
-        run_from_dict({**given, "num_layers": 7, "vpp": None,
+    with pytest.raises(RunError) as err:  # 7 layers on 16 stages: no split megatron-core takes
+        run_from_dict({**given, "num_layers": 7, "pp": 16, "vpp": None,
                        "account_for_embedding_in_pipeline_split": None})
     assert err.value.field == "num_layers"
