@@ -11,7 +11,7 @@ of `predict` names what was read this way (`assumed`):
   (Megatron-LM's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split,
   how NVIDIA's recipes for the 405B and Qwen3-235B split them, and how Megatron-DeepSpeed
   split BLOOM), or only one of them; then a lighter last stage
-  (--decoder-last-pipeline-num-layers), every other stage holding the largest even share;
+  (--decoder-last-pipeline-num-layers), every other stage holding the share rounded up;
   then lighter first and last stages (--decoder-first-pipeline-num-layers too), or heavier
   ones where the stages between them cannot take fewer layers.
 - The experts' tensor parallelism of an MoE run whose EP x TP does not fit its TP x CP x DP
@@ -45,11 +45,11 @@ FP16_SOFTWARE = {"flash_attention": False, "grad_buffer": False, "overlap_grad_r
 def _splits(num_layers: int, pp: int, vpp: int) -> list[dict[str, Any]]:
     """The candidate splits in order: even, the embedding and loss counted (both, the loss
     alone, the embedding alone), a lighter last stage, then lighter (or, where the stages in
-    between cannot take fewer, heavier) first and last stages around the largest even share
-    that leaves them a chunk each."""
+    between cannot take fewer, heavier) first and last stages around the even share rounded
+    up that leaves them a chunk each."""
     out: list[dict[str, Any]] = [{}, {SPLIT_FIELDS[2]: True, SPLIT_FIELDS[3]: True},
                                  {SPLIT_FIELDS[3]: True}, {SPLIT_FIELDS[2]: True}]
-    share = vpp * -(-num_layers // (pp * vpp))  # the largest even share, whole chunks
+    share = vpp * -(-num_layers // (pp * vpp))  # layers a stage, rounded up to whole chunks
     if (last := num_layers - (pp - 1) * share) >= 1:
         out.append({SPLIT_FIELDS[1]: last})
     for middle in range(share, 0, -vpp):
