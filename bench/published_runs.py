@@ -1,7 +1,8 @@
 """Whole-step model against training runs published with their layout and throughput.
 
 Every row cites its source (the data, with the software of the time stated per source, is
-`published_rows.py`, `moe_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and `bloom_rows.py`). The
+`published_rows.py`, `megatron2020_rows.py`, `moe_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and
+`bloom_rows.py`). The
 model's inputs are the published layout plus that software; where a source leaves a knob out
 (micro-batch size, virtual stages) the row says what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bloom_rows import BLOOM_LAYOUT_RUNS, BLOOM_LAYOUTS, BLOOM_RUN, bloom_rows  # noqa: E402
 from dgxc_rows import dgxc_rows  # noqa: E402
+from megatron2020_rows import megatron2020_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from moe_rows import (  # noqa: E402
     FINE_GRAINED_MOE,
@@ -70,7 +72,7 @@ UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
 
 def published_rows() -> list[dict]:
     """The table's rows, source by source."""
-    return (narayanan_rows() + megatron_gpt3_2021_rows() + korthikanti_rows()
+    return (megatron2020_rows() + narayanan_rows() + megatron_gpt3_2021_rows() + korthikanti_rows()
             + megatron_h100_rows() + megatron_moe_rows()
             + megatron_bridge_rows() + megatron_llama_rows() + nemo_rows() + megatron_recipe_rows()
             + long_context_rows()

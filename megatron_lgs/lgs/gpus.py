@@ -143,8 +143,10 @@ class GpuProfile:
 
 GPUS: dict[str, GpuProfile] = {
     # V100: no BF16 (FP16 only); no published matmul sweep we could cite, so A100's sustained
-    # 82% (an assumption). FlashAttention does not run on Volta (runs default to unfused attention);
-    # its 40% applies only to a run that sets flash_attention true, and is an assumption too.
+    # 82% (an assumption; the Megatron-LM README's four DGX-2 runs of 2020-09 read -1.2% ..
+    # +10.2% with it, bench/published_runs.py). FlashAttention does not run on Volta (runs
+    # default to unfused attention); its 40% applies only to a run that sets flash_attention
+    # true, and is an assumption too.
     # DGX-1/DGX-2 carry 100 Gb/s EDR per two GPUs; NVLink 2 busbw taken as 0.8 x its 150 GB/s
     # per direction, the ratio H100 shows ([REF] 370 of 450) and H800 ([DSV3] 160 of 200).
     "v100-32gb": GpuProfile("v100-32gb", 125.0, None, AMPERE, 0.40, _mib(32480), 900.0, 120.0,

@@ -398,6 +398,23 @@ def test_bloom_row_is_the_run_its_log_counts() -> None:
     assert tflops == pytest.approx(149.02, abs=0.01)
 
 
+def test_megatron_2020_rows_are_the_runs_their_tables_count() -> None:
+    """The 2020 README's tables give TFLOP/s beside each iteration time, counted as Narayanan
+    et al. count them (recompute pass included): every row's shape, batch and GPUs must give
+    the same figure, to the table's rounding."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from megatron2020_rows import megatron2020_rows
+
+    from megatron_lgs.lgs.flops import flops_with_full_recompute
+
+    rows = megatron2020_rows()
+    assert {run_from_dict(row["run"]).gpu for row in rows} == {"v100-32gb", "a100-40gb"}
+    for row in rows:
+        run = run_from_dict(row["run"])
+        tflops = flops_with_full_recompute(run) / row["published"] / run.num_gpus / 1e12
+        assert tflops == pytest.approx(row["tflops_published"], abs=0.1), run.id
+
+
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
     """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
     config's EP all-to-all overlap, FP8 amax group and DDP bucket size reach the model."""
