@@ -2,9 +2,8 @@
 
 Every row cites its source (the data, with the software of the time stated per source, is
 `published_rows.py`, `megatron2020_rows.py`, `moe_rows.py`, `mlperf_rows.py`, `dgxc_rows.py` and
-`bloom_rows.py`). The
-model's inputs are the published layout plus that software; where a source leaves a knob out
-(micro-batch size, virtual stages) the row says what was assumed.
+`bloom_rows.py`). The model's inputs are the published layout plus that software; where a source
+leaves a knob out (micro-batch size, virtual stages, the DDP) the row says what was assumed.
 Hardware constants are the profiles of `megatron_lgs/lgs/gpus.py` (data sheets and
 microbenchmarks), never fitted to these rows.
 Throughput is compared in each source's own FLOP convention (Narayanan et al. count the full
