@@ -17,8 +17,10 @@ MEGATRON_2020_SCRIPT = ("Megatron-LM examples/pretrain_gpt2_distributed.sh of th
 # 1.121 s, the published 71.9; 8B on eight, 52.2), so every layer's activations were
 # checkpointed. The software is Megatron-LM of 2020-09 with the speed optimizations merged the
 # same second as the README (fused upper-triangular masked softmax, fused bias-GeLU and
-# bias-dropout-add): the Narayanan rows' reading (MEGATRON_LM_A100) without a pipeline, TP
-# all-reduces blocking. The README's "batch size" is a model replica's, one micro-batch a step.
+# bias-dropout-add; flags a user set then, which the example script does not, but the same
+# four cases ran 7-13% slower before them, 1288-1508 ms in the NV-ADLR blog of 2020-05): the
+# Narayanan rows' reading (MEGATRON_LM_A100) without a pipeline, TP all-reduces blocking.
+# The README's "batch size" is a model replica's, one micro-batch a step.
 # Which DDP the data-parallel rows ran is not in the tables; the README of the same commit says
 # PyTorch's (FP16 gradients all-reduced in 25 MB buckets during the backward) "is more
 # efficient at larger model parallel sizes" (the 8.3B at MP8 of 2019: 60% -> 76% scaling) and
