@@ -282,6 +282,22 @@ def micro_batch_sensitivity(out: list[dict]) -> None:
         print(f"{row['run']['id']:<26} " + ", ".join(cells))
 
 
+def data_parallel_cost(out: list[dict]) -> None:
+    """The 2020 README's rows ran each replica alone and at 128-way data parallelism: what
+    joining 128 replicas over HDR added to the step, published and predicted (the gradient
+    all-reduce, exposed or beside the backward, and the slowest of 128 replicas)."""
+    rows = {row["run"]["id"]: row for row in out}
+    print("\n## data parallelism's cost a step: the 2020 README's replicas alone (one DGX-A100) "
+          "and 128 of them over HDR (ms)")
+    for alone_id in [i for i in rows if i.startswith("megatron20-a100-") and "-dp" not in i]:
+        alone, joined = rows[alone_id], rows[alone_id.replace("-a100-", "-a100-dp128-")]
+        published = (joined["published"] - alone["published"]) * 1e3
+        model = (joined["step_time_s"] - alone["step_time_s"]) * 1e3
+        ddp = "PyTorch DDP" if joined["run"]["overlap_grad_reduce"] else "local DDP"
+        print(f"{joined['run']['id']:<26} {layout_label(run_from_dict(joined['run']), False):<23}"
+              f" published +{published:.0f}  predicted +{model:.0f}  ({ddp})")
+
+
 def _num(v: float) -> str:
     return f"{v:.0f}" if v >= 1e4 else f"{v:.4g}"
 
@@ -397,6 +413,7 @@ def main(argv: list[str] | None = None) -> list[float]:
                                               == (gpu, precision)]))
     issue_fields_only(out)
     precision_pairs(out)
+    data_parallel_cost(out)
     micro_batch_sensitivity(out)
     for pattern, label in MLPERF_FITS.items():
         per_micro_batch_fit(out, pattern, label)

@@ -108,6 +108,9 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     assert len(later) == 3 and f"{later[0]}, {later[1]}, {later[2]} where 25.11" in \
         " ".join(readme.split()), later
     assert out.count("torchtitan-llama31-8b-") == 2
+    # What 128-way data parallelism added to each of the 2020 README's four replicas.
+    assert len(re.findall(r"megatron20-a100-dp128-\dB .* published \+\d+  predicted \+\d+",
+                          out)) == 4
     # Every row again from the fields alone, none refused, with the README's figures.
     only = re.search(r"given only the issue's fields.*\nrows (\d+): median \|error\| (\S+), "
                      r"worst (\S+),.*; (\d+) refused", out)
