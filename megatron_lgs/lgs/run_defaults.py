@@ -14,9 +14,15 @@ of `predict` names what was read this way (`assumed`):
   (--decoder-last-pipeline-num-layers), every other stage holding the share rounded up;
   then lighter first and last stages (--decoder-first-pipeline-num-layers too), or heavier
   ones where the stages between them cannot take fewer layers.
-- The experts' tensor parallelism of an MoE run whose EP x TP does not fit its TP x CP x DP
-  GPUs: megatron-core's default (etp = tp) would be refused, so the run had less; NVIDIA's
-  recipes (Qwen3-235B at TP2 EP32 on 256 GPUs) set 1, each expert whole on its GPU.
+- The experts' tensor parallelism of an MoE run with TP: 1, each expert whole on its GPU,
+  where the experts are narrower than the hidden size (fine-grained: Qwen3's, DeepSeek's) or
+  where EP x TP does not fit its TP x CP x DP GPUs, so that megatron-core's default (etp = tp)
+  would be refused. megatron-core's MoE README (Megatron-LM `megatron/core/transformer/moe/
+  README.md`, d98e8a64dd) gives etp's default as tp and recommends 1 for fine-grained MoE
+  models, and every fine-grained run with TP in bench/published_runs.py set 1 (Megatron-LM's and
+  Megatron-Bridge's Qwen3 recipes, the MoE ModelZoo's Qwen3-235B layouts), whose published
+  figures the ModelZoo's long-context rows given without etp read 45-55% too slow at etp = tp.
+  Wider experts (Mixtral's) keep etp = tp.
 - The code of an FP16 run. Megatron-LM trained in FP16 until BF16 came in 2021-03 (commit
   b4bc51b1e7) and had no flash attention until 2022-12 (d693034ecf); NVIDIA's FP16 runs on
   A100 (Narayanan et al. 2021, Korthikanti et al. 2022, the README's GPT-3 175B) and V100 ran
@@ -86,7 +92,8 @@ def assume(vals: dict[str, Any]) -> dict[str, Any]:
         out.update(pipeline_split_for(vals["num_layers"], vals["pp"], vals.get("vpp", 1)))
     if "etp" not in vals and vals.get("num_experts") and vals["tp"] > 1:
         ep, width = vals.get("ep", 1), vals["tp"] * vals.get("cp", 1) * vals["dp"]
-        if width % (ep * vals["tp"]) and not width % ep:
+        fine_grained = vals.get("moe_ffn_hidden", vals["ffn_hidden"]) < vals["hidden"]
+        if fine_grained or (width % (ep * vals["tp"]) and not width % ep):
             out["etp"] = 1
     later = vals.get("distributed_optimizer") or vals.get("zero") or vals.get("cp", 1) > 1 \
         or vals.get("num_experts")

@@ -3,10 +3,11 @@
 `run_from_dict` reads the JSON form `python -m megatron_lgs.lgs.simulate predict` takes and
 raises `RunError(field, reason)` for a missing or inconsistent field. Three kinds of unset field
 are read from the run itself (`run_defaults`, and `read_run` says which): the pipeline split of
-a model whose layers do not divide over its stages, the experts' TP (etp 1) where the default
-etp = tp cannot fit, and the software of an FP16 run without a distributed optimizer, CP or
-experts, Megatron-LM of 2021 (`run_defaults.FP16_SOFTWARE`, and no sequence parallelism), which
-replaces the defaults below. Defaults of the nullable fields (null or absent): gpus_per_node 8,
+a model whose layers do not divide over its stages, the experts' TP (etp 1) where experts
+are narrower than hidden or etp = tp cannot fit, and the software of an FP16 run without a
+distributed optimizer, CP or experts, Megatron-LM of 2021 (`run_defaults.FP16_SOFTWARE`, and no
+sequence parallelism), which replaces the defaults below. Defaults of the nullable fields (null
+or absent): gpus_per_node 8,
 nic_gbit_per_gpu the profile's usual fabric, ffn_hidden 4 x hidden, kv_heads = heads, head_dim
 hidden / heads (the width of one attention head, Megatron's --kv-channels; Qwen3's 128 beside a
 hidden of 2048 and 32 heads), cp 1, dp derived, ep 1, vpp 1, recompute none (selective:
@@ -16,7 +17,7 @@ false, sequence_parallel true when tp > 1 (megatron-core needs it for MoE with T
 Megatron-LM's examples set it), and the extensions: zero (0, or 1 with the distributed
 optimizer; 2/3 are Megatron-FSDP optim_grads / optim_grads_params, modelled with pp 1; this
 trainer runs them with pure data parallelism and the planner proposes them only there), etp
-(expert TP, = tp as in megatron-core), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
+(expert TP, = tp, or 1 as above), moe_ffn_hidden (= ffn_hidden), flash_attention (true,
 false on V100), tp_comm_overlap (false, Megatron-LM's default), overlap_grad_reduce (true),
 ddp_bucket_size (null: megatron-core DDP's default, max(40M, 1M x DP) parameters a gradient
 bucket; N: Megatron-LM's --ddp-bucket-size, a bucket closing once it holds N parameters, so a

@@ -60,17 +60,36 @@ def test_predict_lines_name_what_was_assumed(tmp_path: Path) -> None:
                                 "account_for_loss_in_pipeline_split": True}
 
 
+QWEN3_235B_LIKE = {"id": "qwen3-235b-like", "gpu": "h100-sxm", "num_gpus": 256,
+                   "num_layers": 16, "hidden": 4096, "ffn_hidden": 1536, "heads": 64,
+                   "kv_heads": 4, "vocab": 151936, "seq_length": 4096, "tp": 2, "pp": 8,
+                   "ep": 32, "micro_batch": 1, "global_batch": 256, "swiglu": True,
+                   "num_experts": 128, "moe_topk": 8}
+
+
 def test_an_moe_run_whose_default_expert_tp_cannot_fit_takes_etp_1() -> None:
     """TP2 EP32 on 256 GPUs over 8 stages: 32 GPUs a stage cannot hold EP32 x ETP2, which
-    megatron-core refuses, so the run had whole experts per GPU; a run that says etp 2 is
-    refused naming ep."""
-    moe = {"id": "qwen3-235b-like", "gpu": "h100-sxm", "num_gpus": 256, "num_layers": 16,
-           "hidden": 4096, "ffn_hidden": 1536, "heads": 64, "kv_heads": 4, "vocab": 151936,
-           "seq_length": 4096, "tp": 2, "pp": 8, "ep": 32, "micro_batch": 1,
-           "global_batch": 256, "swiglu": True, "num_experts": 128, "moe_topk": 8}
-    r, assumed = read_run(moe)
+    megatron-core refuses, so the run had whole experts per GPU, even with experts wider than
+    the hidden size; a run that says etp 2 is refused naming ep."""
+    coarse = {**QWEN3_235B_LIKE, "ffn_hidden": 14336}
+    r, assumed = read_run(coarse)
     assert assumed == {"etp": 1} and r.etp == 1
-    assert read_run({**moe, "ep": 8})[1] == {}  # 8 x 2 fits: etp stays tp
+    assert read_run({**coarse, "ep": 8})[1] == {}  # 8 x 2 fits: etp stays tp
+    assert read_run({**coarse, "ep": 8})[0].etp == 2
     with pytest.raises(RunError) as err:
-        read_run({**moe, "etp": 2})
+        read_run({**coarse, "etp": 2})
     assert err.value.field == "ep"
+
+
+def test_a_fine_grained_moe_run_with_tp_takes_etp_1() -> None:
+    """Experts narrower than the hidden size (as the issue's fields give an MoE run, its one
+    MLP width the experts', or moe_ffn_hidden) are whole on each GPU unless the run says
+    otherwise, as megatron-core's MoE README recommends: where etp = tp would fit too."""
+    fits = {**QWEN3_235B_LIKE, "ep": 8}
+    r, assumed = read_run(fits)
+    assert assumed == {"etp": 1} and r.etp == 1
+    assert read_run({**fits, "etp": 2})[0].etp == 2 and read_run({**fits, "etp": 2})[1] == {}
+    wide = {**fits, "ffn_hidden": 14336, "moe_ffn_hidden": 1536}
+    assert read_run(wide)[1] == {"etp": 1}  # the experts' width decides, not the dense MLP's
+    assert read_run({**wide, "moe_ffn_hidden": 8192})[1] == {}
+    assert read_run({**fits, "tp": 1, "num_gpus": 128})[1] == {}  # no TP: nothing to read
