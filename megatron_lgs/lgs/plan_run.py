@@ -38,6 +38,7 @@ from megatron_lgs.lgs.planner import (
     with_thresholds,
 )
 from megatron_lgs.lgs.predict import prediction_record
+from megatron_lgs.lgs.run_defaults import fine_grained_moe
 from megatron_lgs.lgs.runspec import (
     Run,
     RunError,
@@ -97,7 +98,7 @@ LAYOUT_FLAGS = frozenset((
 def caveats(hardware: str, base: Run) -> list[str]:
     """Where the published runs say this model's figures are not predictions."""
     out = [HOPPER_CAVEAT] if hardware in HOPPER else []
-    if base.num_experts and base.expert_ffn < base.hidden:
+    if base.num_experts and fine_grained_moe(base.expert_ffn, base.hidden):
         out.append(FINE_MOE_CAVEAT)
     return out
 

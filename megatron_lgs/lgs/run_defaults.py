@@ -83,6 +83,11 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int) -> dict[str, Any]:
     raise first_error
 
 
+def fine_grained_moe(expert_ffn: int, hidden: int) -> bool:
+    """Experts narrower than the hidden size (Qwen3's, DeepSeek's; not Mixtral's)."""
+    return expert_ffn < hidden
+
+
 def assume(vals: dict[str, Any]) -> dict[str, Any]:
     """The fields `vals` (a run's given and defaulted fields, `runspec.read_run`, dp included)
     leaves unset that are read from the run: its pipeline split, its experts' TP and an FP16
@@ -92,8 +97,8 @@ def assume(vals: dict[str, Any]) -> dict[str, Any]:
         out.update(pipeline_split_for(vals["num_layers"], vals["pp"], vals.get("vpp", 1)))
     if "etp" not in vals and vals.get("num_experts") and vals["tp"] > 1:
         ep, width = vals.get("ep", 1), vals["tp"] * vals.get("cp", 1) * vals["dp"]
-        fine_grained = vals.get("moe_ffn_hidden", vals["ffn_hidden"]) < vals["hidden"]
-        if fine_grained or (width % (ep * vals["tp"]) and not width % ep):
+        fine = fine_grained_moe(vals.get("moe_ffn_hidden", vals["ffn_hidden"]), vals["hidden"])
+        if fine or (width % (ep * vals["tp"]) and not width % ep):
             out["etp"] = 1
     later = vals.get("distributed_optimizer") or vals.get("zero") or vals.get("cp", 1) > 1 \
         or vals.get("num_experts")
