@@ -76,6 +76,7 @@ MODELZOO = ("yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md (commit
             "with model_configs/benchmarking/Qwen3-235B-A22B.yaml (embedding and loss counted "
             "as pipeline layers)")
 NORM_ACT = {"recompute": "selective", "recompute_modules": ["layernorm", "moe_act"]}
+A2A_OVERLAP = {"moe_a2a_overlap": True, "delay_wgrad_compute": True}
 MODELZOO_BASE = {key: value for key, value in QWEN3_235B_RECIPE_RUN.items()
                  if key not in ("recompute", "recompute_modules", "moe_a2a_overlap",
                                 "delay_wgrad_compute")}
@@ -83,7 +84,7 @@ MODELZOO_RUNS = [
     # label, code, published step s, the run's fields over MODELZOO_BASE
     ("DeepEP EP32, norm+act", "moe_dev f3e6c5", 19.7, NORM_ACT),
     ("DeepEP EP32, norm+act, EP overlap", "moe_dev f3e6c5", 17.6,
-     {**NORM_ACT, "moe_a2a_overlap": True, "delay_wgrad_compute": True}),
+     {**NORM_ACT, **A2A_OVERLAP}),
     ("DeepEP EP8, FSDP, full recompute", "main 1e057005", 17.6,
      {"ep": 8, "pp": 1, "vpp": 1, "zero": 3, "micro_batch": 4, "recompute": "full"}),
     ("all-to-all EP8, norm+act", "main 1e057005", 24.2,

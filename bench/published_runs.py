@@ -41,6 +41,7 @@ from dgxc_rows import dgxc_rows  # noqa: E402
 from megatron2020_rows import megatron2020_rows  # noqa: E402
 from mlperf_rows import MLPERF_FITS, mlperf_llama_rows, mlperf_rows  # noqa: E402
 from moe_rows import (  # noqa: E402
+    A2A_OVERLAP,
     FINE_GRAINED_MOE,
     MODELZOO,
     MODELZOO_BASE,
@@ -253,11 +254,12 @@ def layout_ranking(source: str, base: dict, runs: list[tuple[str, str, float, di
     how many pairs of layouts the model orders as the source measured them."""
     print(f"\n## outside the table: ranking layouts, {source} (step time s; error: "
           "published / predicted - 1, positive where the model is too fast)")
-    ranked = []
+    ranked, steps = [], []
     for label, code, published, fields in runs:
         run = run_from_dict({**base, "id": label, **fields})
         est = predict_run(run)
         ranked.append((published, est.step_time_s))
+        steps.append((label, fields, published, est.step_time_s))
         fit = "" if est.fits_memory else ", does not fit"
         print(f"{label:<36} {code:<15} published {published:>5.1f}  predicted "
               f"{est.step_time_s:>5.1f}  error {published / est.step_time_s - 1:+7.1%}{fit}  "
@@ -265,6 +267,13 @@ def layout_ranking(source: str, base: dict, runs: list[tuple[str, str, float, di
     pairs = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if a[0] != b[0]]
     same = sum((a[0] < b[0]) == (a[1] < b[1]) for a, b in pairs)
     print(f"pairs of layouts ordered as published: {same} of {len(pairs)} (ties left out)")
+    # A pair that differs only by the EP all-to-all overlap measures that one term's gain.
+    for off, fields_off, published_off, predicted_off in steps:
+        for on, fields_on, published_on, predicted_on in steps:
+            if fields_on != fields_off and fields_on == {**fields_off, **A2A_OVERLAP}:
+                print(f"the EP all-to-all overlap alone ({off} -> {on}): published "
+                      f"{published_off / published_on:.2f}x faster, predicted "
+                      f"{predicted_off / predicted_on:.2f}x")
 
 
 def micro_batch_sensitivity(out: list[dict]) -> None:

@@ -9,7 +9,8 @@ layout, when it has one for N GPUs, is
 predicted beside the planner's best. PROFILE is a GPU of `megatron_lgs/lgs/gpus.py`. Prints
 the fastest layouts that fit in memory with predicted step, MFU, memory and LGS thresholds, a
 flag line for the best, and the answers to: ZeRO-2 against ZeRO-3, TP inside or across nodes,
-what a slower inter-node network costs, how much the bucket thresholds move the step. Every
+what a slower inter-node network costs, for an MoE the EP all-to-all overlap on or off, how
+much the bucket thresholds move the step. Every
 number is a prediction of the whole-step model (`stepmodel`). `--json FILE` writes the same as
 one JSON object (`plan_record`); each plan's `run` is a run `simulate predict` takes.
 """
@@ -78,6 +79,12 @@ FINE_MOE_CAVEAT = ("MoE with experts narrower than the hidden size: of the publi
                    "recipes of 2026 ran 1.3x and 1.8x slower than this model predicts, on "
                    "Megatron-Bridge 25.11 1.2x (235B) and 3.3x (30B): the software moves these "
                    "runs more than the model's terms do")
+# What bench/published_runs.py shows of the EP all-to-all overlap: the one published pair of
+# runs with and without it, at one layout on one cluster ("ranking layouts").
+A2A_OVERLAP_EVIDENCE = ("the one published pair with and without it at one layout (Qwen3-235B "
+                        "on 256 H100, Megatron-MoE-ModelZoo, bench/published_runs.py) ran 1.12x "
+                        "faster with it, where this model predicts 1.37x: try the layout "
+                        "without it too")
 ROW_GRID_MB = [16, 64, 256]
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.
@@ -329,6 +336,11 @@ def questions(cands, best: StepEstimate, base: Run) -> list[str]:
         slow.append(f"{nic / f:g} Gb/s {e.step_time_s:.3f} s ({cost:+.1%})")
     out.append(f"slower inter-node network, best layout at {nic:g} Gb/s per GPU "
                f"{best.step_time_s:.3f} s: " + ", ".join(slow))
+    if base.num_experts:
+        on = _first(best_of(cands, 1, lambda r: r.moe_a2a_overlap))
+        off = _first(best_of(cands, 1, lambda r: not r.moe_a2a_overlap))
+        out.append(f"EP all-to-all overlap on vs off: {_vs(on, off, 'on', 'off')}; "
+                   f"{A2A_OVERLAP_EVIDENCE}")
     return out
 
 

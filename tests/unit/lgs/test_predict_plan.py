@@ -17,10 +17,12 @@ from megatron_lgs.arguments import build_parser, config_from_namespace
 from megatron_lgs.lgs.gpus import GPUS, link_profile
 from megatron_lgs.lgs.layercost import TERMS
 from megatron_lgs.lgs.plan_run import (
+    A2A_OVERLAP_EVIDENCE,
     FINE_MOE_CAVEAT,
     HOPPER_CAVEAT,
     best_flags,
     caveats,
+    questions,
     resolve,
 )
 from megatron_lgs.lgs.plan_run import main as plan_main
@@ -336,6 +338,23 @@ def test_planner_says_its_fine_grained_moe_figures_are_not_predictions() -> None
         assert (FINE_MOE_CAVEAT in caveats("a100-80gb", base)) == said, model
     coarse, _ = resolve("launch/configs/gpt-100b-moe.sh", "a100-80gb", 128, None, None)
     assert FINE_MOE_CAVEAT not in caveats("a100-80gb", replace(coarse, moe_ffn_hidden=14336))
+
+
+def test_planner_answers_the_all_to_all_overlap_for_moe_only() -> None:
+    """An MoE's answers set the best layout with the EP all-to-all overlap beside the best
+    without it, with what the published pair says of the overlap; a dense model has none."""
+    for model, gpus in (("launch/configs/gpt-100b-moe.sh", 32), ("gpt-10b", 16)):
+        base, _ = resolve(model, "h100-sxm", gpus, None, None)
+        cands = candidates(base)
+        answers = [a for a in questions(cands, best_of(cands, 1)[0], base)
+                   if a.startswith("EP all-to-all overlap")]
+        if not base.num_experts:
+            assert answers == [], model
+            continue
+        assert len(answers) == 1 and answers[0].endswith(A2A_OVERLAP_EVIDENCE), answers
+        on, off = re.search(r"on vs off: on (.*) \d+\.\d+ s vs off (.*) \d+\.\d+ s",
+                            answers[0]).groups()
+        assert "A2A-overlap" in on and "A2A-overlap" not in off and "EP" in off, answers
 
 
 def test_planner_never_proposes_what_does_not_fit() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_lgs.lgs.plan_run import HOPPER_CAVEAT
+from megatron_lgs.lgs.plan_run import A2A_OVERLAP_EVIDENCE, HOPPER_CAVEAT
 from megatron_lgs.lgs.runspec import run_from_dict, run_to_dict
 from megatron_lgs.lgs.stepmodel import predict_run
 
@@ -121,6 +121,12 @@ def test_published_runs_bench_prints_its_table(capsys: pytest.CaptureFixture) ->
     assert out.count("pairs of layouts ordered as published") == 2
     ranked = re.search(r"pairs of layouts ordered as published: (\d+ of \d+)", out)
     assert ranked and f"orders {ranked.group(1)} pairs" in HOPPER_CAVEAT
+    # ... and the EP all-to-all overlap's gain, measured by the one pair that differs by it
+    # alone, which the planner's MoE answer quotes.
+    gains = re.findall(r"the EP all-to-all overlap alone \(.*\): published (\S+) faster, "
+                       r"predicted (\S+)\n", out)
+    assert len(gains) == 1 and (f"ran {gains[0][0]} faster with it, where this model predicts "
+                                f"{gains[0][1]}") in A2A_OVERLAP_EVIDENCE, gains
     # ... how much more FP8 gains over BF16 in the model than in the recipes that ran both ...
     gain = re.search(r"FP8 gain over BF16 is larger than published by a median \S+ "
                      r"\(\+([\d.]+)% to \+([\d.]+)%\)", out)
