@@ -30,7 +30,7 @@ import megatron_lgs  # noqa: E402,F401  (prepares megatron-core for this machine
 import pretrain_gpt  # noqa: E402
 from megatron_lgs import data  # noqa: E402
 from megatron_lgs.arguments import parse_args  # noqa: E402
-from megatron_lgs.lgs.plan_run import trainer_run_fields  # noqa: E402
+from megatron_lgs.lgs.plan_models import trainer_run_fields  # noqa: E402
 from megatron_lgs.lgs.runspec import Run, check_run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import predict_run  # noqa: E402
 from megatron_lgs.model import rope_fusion  # noqa: E402

@@ -117,7 +117,7 @@ def test_memory_wall_counts_activations_as_the_planner_does(preset: str) -> None
     """One memory model: the LGS memory wall's activations are the whole-step model's."""
     from megatron_lgs.lgs import stepmemory
     from megatron_lgs.lgs.memwall import activation_bytes
-    from megatron_lgs.lgs.plan_run import resolve
+    from megatron_lgs.lgs.plan_models import resolve
 
     model, lay = PRESETS[preset]
     _, run = resolve(preset, "a100-80gb", lay.world, None, None)

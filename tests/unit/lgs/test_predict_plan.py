@@ -16,14 +16,13 @@ import pytest
 from megatron_lgs.arguments import build_parser, config_from_namespace
 from megatron_lgs.lgs.gpus import GPUS, link_profile
 from megatron_lgs.lgs.layercost import TERMS
+from megatron_lgs.lgs.plan_models import best_flags, resolve
 from megatron_lgs.lgs.plan_run import (
     A2A_OVERLAP_EVIDENCE,
     FINE_MOE_CAVEAT,
     HOPPER_CAVEAT,
-    best_flags,
     caveats,
     questions,
-    resolve,
 )
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.planner import (
@@ -236,6 +235,8 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     (["--json", "/proc/no/such/plan.json"], "--json /proc/no/such/plan.json: No such file"),
     (["--json", "/tmp"], "--json /tmp: Is a directory"),
     (["--json", "/proc/version"], "--json /proc/version: "),
+    (["--seq-length", "2048"], "--seq-length is for a Hugging Face config; gpt-10b has its own"),
+    (["--seq-length", "0"], "--seq-length must be"),
 ])
 def test_planner_bad_input_is_one_line(extra: list[str], said: str,
                                        capsys: pytest.CaptureFixture) -> None:
@@ -265,6 +266,73 @@ def test_planner_json_is_what_it_prints_and_predict_takes(tmp_path: Path,
     again = [json.loads(line)["predicted_step_time_s"] for line in out.getvalue().splitlines()]
     steps = [p["predicted_step_time_s"] for p in plan["plans"] + [plan["config_layout"]]]
     assert again == steps and steps[:3] == sorted(steps[:3])
+
+
+def _hf_llama(folder: Path) -> Path:
+    """A Llama-shaped Hugging Face config (GQA, untied, RoPE theta of Llama 3), no weights."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                max_position_embeddings=8192, rope_theta=500000.0,
+                tie_word_embeddings=False).save_pretrained(folder)
+    return folder
+
+
+def test_planner_plans_a_hugging_face_config(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """A Hugging Face model (its folder or its config.json) is planned as its config says, at
+    the training length and batch given, and its flag line passes the trainer's validation."""
+    from transformers import Qwen3MoeConfig
+
+    folder = _hf_llama(tmp_path / "llama")
+    base, ref = resolve(str(folder / "config.json"), "a100-80gb", 16, 64, None, 8, 2048)
+    assert ref is None and base.global_batch == 64
+    assert (base.num_layers, base.hidden, base.ffn_hidden, base.heads, base.kv_heads, base.vocab,
+            base.seq_length) == (16, 2048, 5632, 16, 4, 32000, 2048)
+    assert base.swiglu and base.untie_embeddings and base.position_embedding == "rope"
+    plan_main(["--model", str(folder), "--gpus", "16", "--hardware", "a100-80gb",
+               "--global-batch", "64", "--seq-length", "2048", "--top", "1"])
+    flags = next(line for line in capsys.readouterr().out.splitlines()
+                 if line.startswith("best flags: ")).split()[2:]
+    cfg = config_from_namespace(build_parser().parse_args(flags), 16)
+    validate(cfg)
+    m = cfg.model
+    assert (m.seq_length, m.max_position_embeddings, m.rotary_base, m.query_groups,
+            cfg.precision.bf16) == (2048, 8192, 500000, 4, True)
+    Qwen3MoeConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=4, head_dim=128, moe_intermediate_size=256,
+                   num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, vocab_size=32000,
+                   tie_word_embeddings=False).save_pretrained(tmp_path / "moe")
+    moe, _ = resolve(str(tmp_path / "moe"), "h100-sxm", 16, 64, None, 8, 4096)
+    assert (moe.num_experts, moe.moe_topk, moe.moe_ffn_hidden, moe.head_dim) == (32, 4, 256, 128)
+    assert moe.qk_layernorm
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--global-batch", "64"], "has no training length or batch: give --seq-length and"),
+    (["--seq-length", "2048"], "has no training length or batch: give --seq-length and"),
+    (["--global-batch", "64", "--seq-length", "16384"],
+     "--max-position-embeddings (8192) is smaller than --seq-length (16384)"),
+])
+def test_planner_on_a_hugging_face_config_says_what_is_missing(
+        extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = _hf_llama(tmp_path / "llama")
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", str(folder), "--gpus", "16", "--hardware", "a100-80gb", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_planner_refuses_a_hugging_face_model_it_cannot_express(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", str(tmp_path / "bert"), "--gpus", "8", "--hardware", "h100-sxm",
+                   "--global-batch", "8", "--seq-length", "512"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "model type 'bert' has no" in err[0], err
 
 
 def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
@@ -354,7 +422,7 @@ def test_planner_answers_the_all_to_all_overlap_for_moe_only() -> None:
         assert len(answers) == 1 and answers[0].endswith(A2A_OVERLAP_EVIDENCE), answers
         on, off = re.search(r"on vs off: on (.*) \d+\.\d+ s vs off (.*) \d+\.\d+ s",
                             answers[0]).groups()
-        assert "A2A-overlap" in on and "A2A-overlap" not in off and "EP" in off, answers
+        assert "A2A-overlap" in on and "A2A-overlap" not in off, answers
 
 
 def test_planner_never_proposes_what_does_not_fit() -> None:
@@ -369,14 +437,18 @@ def test_planner_never_proposes_what_does_not_fit() -> None:
 
 def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None:
     """The planner's GPUs run TE, so a RoPE model is fused unless its flags say otherwise; a
-    config's EP all-to-all overlap, FP8 amax group and DDP bucket size reach the model."""
-    from megatron_lgs.lgs.plan_run import trainer_run_fields
+    config's query/key norms, EP all-to-all overlap, FP8 amax group and DDP bucket size reach
+    the model."""
+    from megatron_lgs.lgs.plan_models import trainer_run_fields
 
     rope = ["--position-embedding-type", "rope"]
     for extra, fused in (([], True), (["--no-rope-fusion"], False)):
         cfg = config_from_namespace(build_parser().parse_args([*rope, *extra]), 8)
         model, _ = trainer_run_fields(cfg, 8)
         assert (model["position_embedding"], model["rope_fusion"]) == ("rope", fused)
+    for extra, qk in (([], False), (["--qk-layernorm"], True)):
+        cfg = config_from_namespace(build_parser().parse_args(extra), 8)
+        assert trainer_run_fields(cfg, 8)[0]["qk_layernorm"] == qk
     moe = ["--num-experts", "4", "--disable-bias-linear", "--expert-model-parallel-size", "2",
            "--moe-token-dispatcher-type", "alltoall", "--bf16"]
     for extra, overlap in (([], False), (["--overlap-moe-expert-parallel-comm"], True)):
