@@ -9,7 +9,13 @@ from typing import NamedTuple
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import NCCL_COMM_SMS, GpuProfile
-from megatron_lgs.lgs.kernels import all_to_all_time, gemm_fwd_bwd, gemm_parts, sm_contention
+from megatron_lgs.lgs.kernels import (
+    all_to_all_time,
+    gemm_fwd_bwd,
+    gemm_parts,
+    sm_contention,
+    tp_collective_time,
+)
 from megatron_lgs.lgs.runspec import Run
 
 
@@ -55,6 +61,8 @@ def moe_mlp(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float) -> MoeMlp:
     elem_b = copies * (bp * f + 4 * h) * 2
     if r.moe_dispatcher == "flex":
         a2a = 2 * flex_dispatch_time(r, hw, tok)
+    elif r.moe_dispatcher == "allgather":
+        a2a = allgather_dispatch_time(r, hw, tok)
     else:
         sent = tok / t * r.moe_topk * h * 2
         intra_peers = max(0, min(r.ep, r.gpus_per_node // max(1, r.etp)) - 1)
@@ -93,6 +101,21 @@ def flex_dispatch_time(r: Run, hw: HardwareProfile, tok: float) -> float:
     t_intra = (per_node - 1) * hw.intra.alpha_s + nvlink / hw.intra.bandwidth_Bps
     t_inter = (nodes - 1) * hw.inter.alpha_s + network / hw.inter.bandwidth_Bps if network else 0.0
     return max(t_intra, t_inter)
+
+
+def allgather_dispatch_time(r: Run, hw: HardwareProfile, tok: float) -> float:
+    """A dispatch and a combine of megatron-core's allgather dispatcher (0.16
+    `MoEAllGatherTokenDispatcher`, the trainer's default): every rank all-gathers all the
+    tokens of its expert-TP x EP group, their hidden states (BF16) with the routing map and
+    the probabilities (a byte and two per expert), its experts take the copies routed to them,
+    and their outputs, put back in the gathered order, are reduce-scattered to the ranks that
+    sent them. The backward's pair is the same traffic the other way round."""
+    group = r.etp * r.ep
+    gathered = tok / r.tp * group
+    link = hw.intra if group <= r.gpus_per_node else hw.inter
+    return (tp_collective_time("all_gather", gathered * (r.hidden * 2 + r.num_experts * 3),
+                               group, link)
+            + tp_collective_time("reduce_scatter", gathered * r.hidden * 2, group, link))
 
 
 def expert_activation_bytes(r: Run, tok: float) -> float:

@@ -144,7 +144,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                   recompute_num_layers=(m.recompute_num_layers or 0
                                         if m.recompute_method == "block" else 0),
                   distributed_optimizer=zero >= 1, ddp_bucket_size=o.ddp_bucket_size or 0,
-                  moe_a2a_overlap=m.overlap_moe_expert_parallel_comm, **pipeline_split(par))
+                  moe_a2a_overlap=m.overlap_moe_expert_parallel_comm,
+                  moe_dispatcher=m.moe_token_dispatcher_type, **pipeline_split(par))
     return model, layout
 
 

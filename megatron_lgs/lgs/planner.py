@@ -78,8 +78,9 @@ def layouts(base: Run) -> Iterator[Run]:
 
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
     pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
-    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1); their
-    # all-to-alls beside another micro-batch's compute or not (megatron-core's combined 1F1B).
+    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1); the
+    # all-to-all dispatcher (the one megatron-core overlaps), its all-to-alls beside another
+    # micro-batch's compute or not (megatron-core's combined 1F1B).
     etps = (tp, 1) if base.num_experts and tp > 1 else (tp,)
     overlaps = (False, True) if base.num_experts and ep > 1 else (False,)
     for mb in MICRO:
@@ -90,7 +91,7 @@ def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[R
                         r = replace(base, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp,
                                     micro_batch=mb, recompute=recompute, zero=zero,
                                     distributed_optimizer=zero >= 1, sequence_parallel=tp > 1,
-                                    moe_a2a_overlap=a2a)
+                                    moe_a2a_overlap=a2a, moe_dispatcher="alltoall")
                         try:
                             check_run(r)
                         except RunError:
@@ -200,8 +201,8 @@ def layout_flags(p: Plan, global_batch: int) -> list[str]:
         f.append(f"--expert-model-parallel-size {r.ep}")
     if r.num_experts and r.etp != r.tp:
         f.append(f"--expert-tensor-parallel-size {r.etp}")
-    if r.num_experts:  # the model's MoE traffic is the all-to-all dispatcher's
-        f.append("--moe-token-dispatcher-type alltoall")
+    if r.num_experts:  # the dispatcher the planner plans (`_inner`)
+        f.append(f"--moe-token-dispatcher-type {r.moe_dispatcher}")
     if r.moe_a2a_overlap:
         f.append("--overlap-moe-expert-parallel-comm")
     if r.zero == 1:

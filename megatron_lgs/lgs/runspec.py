@@ -67,10 +67,12 @@ all-to-alls included), moe_act (each routed token's expert activation, recompute
 second GEMM's backward) and layernorm (with Transformer Engine's spec the attention norm and a
 dense MLP's norm are fused into the next GEMM, so only an MoE layer's pre-MLP norm is
 recomputed); see `layercost` and `stepmemory`), and moe_dispatcher (alltoall: megatron-core's
-all-to-all dispatcher over NCCL, one copy of a token per routed expert; flex: its flex
-dispatcher with DeepEP's or HybridEP's kernels, one copy per GPU and across nodes one per node,
-`moecost.flex_dispatch_time`, modelled with etp 1; megatron-core's allgather dispatcher is not
-modelled), and optimizer_state_bytes (12: the bytes a parameter of the optimizer's own shard
+all-to-all dispatcher over NCCL, one copy of a token per routed expert; allgather: its
+allgather dispatcher (Megatron-LM's and the trainer's default), every token of the expert-TP x
+EP group gathered on every rank and the outputs reduce-scattered back,
+`moecost.allgather_dispatch_time`; flex: its flex dispatcher with DeepEP's or HybridEP's
+kernels, one copy per GPU and across nodes one per node, `moecost.flex_dispatch_time`, modelled
+with etp 1), and optimizer_state_bytes (12: the bytes a parameter of the optimizer's own shard
 keeps, Megatron's FP32 main weight and two FP32 Adam moments; NeMo 1's distributed_fused_adam,
 Apex's DistributedFusedAdam, keeps 10 with its FP32 default beside BF16 weights, the main
 weights' low 16 bits only (`store_param_remainders`), 4 with `dtype: bf16` and BF16 weights
@@ -90,7 +92,7 @@ from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_spl
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe", "moe_act", "layernorm")
-MOE_DISPATCHERS = ("alltoall", "flex")
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
 PRECISIONS = ("bf16", "fp16", "fp8")
 FP8_RECIPES = ("delayed", "current")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
@@ -467,8 +469,8 @@ def check_run(r: Run) -> None:
     elif r.etp != r.tp:
         raise RunError("etp", f"expert tensor parallelism ({r.etp}) needs num_experts > 0")
     if r.moe_dispatcher not in MOE_DISPATCHERS:
-        raise RunError("moe_dispatcher", f"must be one of {MOE_DISPATCHERS} (the allgather "
-                                         f"dispatcher is not modelled), got {r.moe_dispatcher!r}")
+        raise RunError("moe_dispatcher", f"must be one of {MOE_DISPATCHERS}, got "
+                                         f"{r.moe_dispatcher!r}")
     if r.moe_dispatcher == "flex" and (not r.num_experts or r.ep == 1 or r.etp != 1
                                        or r.ep % min(r.ep, r.gpus_per_node)):
         raise RunError("moe_dispatcher", "flex is modelled for MoE with ep > 1, etp 1 and an "
@@ -476,6 +478,9 @@ def check_run(r: Run) -> None:
     if r.moe_a2a_overlap and (r.ep == 1 or r.recompute == "full" or (r.pp > 1 and r.vpp == 1)):
         raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap needs ep > 1, "
                                           "no full recompute and, with pp > 1, virtual stages")
+    if r.moe_a2a_overlap and r.moe_dispatcher == "allgather":
+        raise RunError("moe_a2a_overlap", "megatron-core's EP all-to-all overlap runs with the "
+                                          "alltoall or flex dispatcher, not allgather")
     if r.delay_wgrad_compute and not r.moe_a2a_overlap:
         raise RunError("delay_wgrad_compute", "megatron-core 0.16 delays the weight gradients "
                                               "only with the EP all-to-all overlap "

@@ -116,8 +116,10 @@ def expert_tp_comm(r: Run, hw: HardwareProfile, tok: float) -> float:
     """One direction of an MoE layer's expert-tensor-parallel traffic, blocking: megatron-core's
     all-to-all dispatcher (0.16, `token_dispatcher.py`) all-gathers the tokens it received
     over the expert-TP group before the experts and reduce-scatters their output after
-    (backward: the reverse), BF16. None with etp = 1: each rank routes its own tokens."""
-    if not r.num_experts or r.etp <= 1:
+    (backward: the reverse), BF16. None with etp = 1: each rank routes its own tokens; none
+    under the allgather dispatcher, whose gather spans the expert-TP ranks already
+    (`moecost.allgather_dispatch_time`)."""
+    if not r.num_experts or r.etp <= 1 or r.moe_dispatcher == "allgather":
         return 0.0
     sp = r.tp if r.sequence_parallel else 1
     out = tok / sp * r.moe_topk * r.etp * r.hidden * 2  # gathered tokens, every copy

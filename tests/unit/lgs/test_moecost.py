@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_lgs.lgs.costmodel import all_gather_time
+from megatron_lgs.lgs.costmodel import all_gather_time, reduce_scatter_time
 from megatron_lgs.lgs.gpus import HBM_EFFICIENCY, get_gpu, link_profile
 from megatron_lgs.lgs.kernels import gemm_time
 from megatron_lgs.lgs.layercost import layer_cost
@@ -147,6 +147,7 @@ def test_all_to_all_overlap_never_slows_the_step() -> None:
     {"ep": 1},
     {"recompute": "full"},
     {"pp": 2, "num_gpus": 32, "global_batch": 256},  # pp > 1 without virtual stages
+    {"moe_dispatcher": "allgather"},
 ])
 def test_all_to_all_overlap_refuses_what_megatron_core_refuses(kw) -> None:
     with pytest.raises(RunError, match="moe_a2a_overlap") as info:
@@ -244,8 +245,36 @@ def test_flex_dispatcher_by_hand() -> None:
     assert 0 < a2a(two) < a2a(replace(two, moe_dispatcher="alltoall"))
 
 
+def test_allgather_dispatcher_by_hand() -> None:
+    """megatron-core's allgather dispatcher: each rank gathers every token of its expert-TP x
+    EP group (hidden state, BF16, plus a byte and two per expert for the routing map and the
+    probabilities) and reduce-scatters the experts' outputs back, over NVLink inside a node
+    and over the network beyond; no separate expert-TP gather, which the gather spans."""
+    hw = link_profile(A100)
+    tok, h = 2048, 4096
+    one_node = run(moe_dispatcher="allgather")  # EP8 inside a node, 8 experts
+    gathered = tok * 8
+    expected = (all_gather_time(gathered * (h * 2 + 8 * 3), 8, hw.intra)
+                + reduce_scatter_time(gathered * h * 2, 8, hw.intra))
+    c = layer_cost(one_node, A100, hw)
+    assert c.fwd["moe_all_to_all"] == pytest.approx(expected) == c.bwd["moe_all_to_all"]
+    two = run(moe_dispatcher="allgather", ep=16, num_experts=16, num_gpus=32, global_batch=128)
+    gathered = tok * 16
+    expected = (all_gather_time(gathered * (h * 2 + 16 * 3), 16, hw.inter)
+                + reduce_scatter_time(gathered * h * 2, 16, hw.inter))
+    assert layer_cost(two, A100, hw).fwd["moe_all_to_all"] == pytest.approx(expected)
+    # With expert TP the group is etp x ep and each rank holds its TP share of the tokens.
+    etp = run(moe_dispatcher="allgather", tp=2, etp=2, ep=4, sequence_parallel=True)
+    gathered = tok / 2 * 8
+    expected = (all_gather_time(gathered * (h * 2 + 8 * 3), 8, hw.intra)
+                + reduce_scatter_time(gathered * h * 2, 8, hw.intra))
+    assert layer_cost(etp, A100, hw).fwd["moe_all_to_all"] == pytest.approx(expected)
+    assert expert_tp_comm(etp, hw, tok) == 0 < expert_tp_comm(
+        replace(etp, moe_dispatcher="alltoall"), hw, tok)
+
+
 @pytest.mark.parametrize(("kw", "says"), [
-    ({"moe_dispatcher": "allgather"}, "not modelled"),
+    ({"moe_dispatcher": "deepep"}, "must be one of"),
     ({"moe_dispatcher": "flex", "ep": 1}, "ep > 1"),
     ({"moe_dispatcher": "flex", "tp": 2, "etp": 2}, "etp 1"),
     ({"moe_dispatcher": "flex", "ep": 4, "gpus_per_node": 3, "num_gpus": 12,

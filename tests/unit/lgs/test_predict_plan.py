@@ -425,6 +425,27 @@ def test_planner_answers_the_all_to_all_overlap_for_moe_only() -> None:
         assert "A2A-overlap" in on and "A2A-overlap" not in off, answers
 
 
+def test_planner_keeps_a_configs_dispatcher_and_plans_the_all_to_all(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A user's MoE config on the trainer's default allgather dispatcher is predicted with it
+    beside the planner's layouts, which name (and are predicted with) the all-to-all one."""
+    (tmp_path / "moe.sh").write_text(
+        "CONFIG_ARGS=(--num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+        "--seq-length 2048 --num-experts 8 --moe-router-topk 2 --disable-bias-linear "
+        "--expert-model-parallel-size 4 --bf16 --micro-batch-size 1 --global-batch-size 64 "
+        "--vocab-size 32000)\n")
+    spec = str(tmp_path / "moe.sh")
+    base, ref = resolve(spec, "a100-80gb", 8, None, None)
+    assert ref is not None and ref.moe_dispatcher == "allgather"
+    assert predict_run(ref).step_time_s != predict_run(
+        replace(ref, moe_dispatcher="alltoall")).step_time_s
+    cands = candidates(base)
+    assert cands and all(r.moe_dispatcher == "alltoall" for _, _, r in cands if r.num_experts)
+    plan_main(["--model", spec, "--gpus", "8", "--hardware", "a100-80gb", "--top", "1"])
+    out = capsys.readouterr().out
+    assert "--moe-token-dispatcher-type alltoall" in out and "own layout" in out
+
+
 def test_planner_never_proposes_what_does_not_fit() -> None:
     # A 10B model on 8 x 32 GB V100s: most layouts do not fit; none of them is a candidate.
     base, _ = resolve("launch/configs/gpt-10b.sh", "v100-32gb", 8, 64, None)
@@ -454,6 +475,10 @@ def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None
     for extra, overlap in (([], False), (["--overlap-moe-expert-parallel-comm"], True)):
         cfg = config_from_namespace(build_parser().parse_args([*moe, *extra]), 8)
         assert trainer_run_fields(cfg, 8)[1]["moe_a2a_overlap"] == overlap
+    for dispatcher in ("allgather", "alltoall"):  # the trainer's default, then the planner's
+        argv = [*moe, "--moe-token-dispatcher-type", dispatcher]
+        cfg = config_from_namespace(build_parser().parse_args(argv), 8)
+        assert trainer_run_fields(cfg, 8)[1]["moe_dispatcher"] == dispatcher
     fp8 = ["--bf16", "--fp8-format", "hybrid"]
     for extra, tp_only in (([], False), (["--tp-only-amax-red"], True)):
         cfg = config_from_namespace(build_parser().parse_args([*fp8, *extra]), 8)
