@@ -144,6 +144,11 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                   recompute_num_layers=(m.recompute_num_layers or 0
                                         if m.recompute_method == "block" else 0),
                   distributed_optimizer=zero >= 1, ddp_bucket_size=o.ddp_bucket_size or 0,
+                  # What the trainer's DDP (`optim.wrap_ddp`: LGS needs the hooks) and
+                  # Megatron-FSDP (megatron_fsdp.py: forced where it shards gradients, and the
+                  # weights' gather where it shards them) overlap.
+                  overlap_grad_reduce=o.overlap_grad_reduce or cfg.lgs.lgs or zero >= 2,
+                  overlap_param_gather=o.overlap_param_gather or zero == 3,
                   moe_a2a_overlap=m.overlap_moe_expert_parallel_comm,
                   moe_dispatcher=m.moe_token_dispatcher_type, **pipeline_split(par))
     return model, layout

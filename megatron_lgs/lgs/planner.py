@@ -209,7 +209,10 @@ def layout_flags(p: Plan, global_batch: int) -> list[str]:
         f += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif r.zero >= 2:
         strategy = "optim_grads" if r.zero == 2 else "optim_grads_params"
-        f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+        # Both overlaps, as the model times them (Megatron-FSDP forces them at ZeRO-3; at
+        # ZeRO-2 it forces the reduce-scatter's and gathers the weights blocking unless told).
+        f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+              "--overlap-grad-reduce", "--overlap-param-gather"]
         if r.zero == 2:  # the trainer checkpoints Megatron-FSDP's shards at ZeRO-3 only
             f.append("--no-save")
     else:

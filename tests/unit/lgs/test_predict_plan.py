@@ -487,6 +487,20 @@ def test_planner_takes_the_trainers_rope_fusion_and_all_to_all_overlap() -> None
     for extra, size in (([], 0), (["--ddp-bucket-size", "200"], 200)):
         cfg = config_from_namespace(build_parser().parse_args([*ddp, *extra]), 8)
         assert trainer_run_fields(cfg, 8)[1]["ddp_bucket_size"] == size
+    # The overlaps the trainer runs: its flags, LGS's hooks, and what Megatron-FSDP forces.
+    fsdp = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"]
+    for argv, grads, weights in (
+            ([], False, False), (["--overlap-grad-reduce"], True, False),
+            (["--lgs"], True, False),
+            (["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
+             True, True),
+            ([*fsdp, "optim_grads"], True, False),
+            ([*fsdp, "optim_grads", "--overlap-param-gather"], True, True),
+            ([*fsdp, "optim_grads_params"], True, True)):
+        cfg = config_from_namespace(build_parser().parse_args(argv), 8)
+        layout = trainer_run_fields(cfg, 8)[1]
+        assert (layout["overlap_grad_reduce"], layout["overlap_param_gather"]) == \
+            (grads, weights), argv
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_work(
