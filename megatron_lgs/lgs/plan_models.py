@@ -35,8 +35,6 @@ LAYOUT_FLAGS = frozenset((
     "--overlap-moe-expert-parallel-comm"))
 
 
-
-
 def _preset(name: str) -> tuple[dict, dict]:
     from megatron_lgs.lgs.simulate import PRESETS
 
