@@ -94,6 +94,7 @@ def describe(r: Run) -> str:
     lay = f"TP{r.tp} PP{r.pp}{split}" + (f" V{r.vpp}" if r.vpp > 1 else "") + \
         (f" CP{r.cp}" if r.cp > 1 else "") + (f" EP{r.ep}" if r.ep > 1 else "") + \
         (f" ETP{r.etp}" if r.num_experts and r.etp != r.tp else "") + \
+        (f" {r.moe_dispatcher}" if r.num_experts and r.moe_dispatcher != "alltoall" else "") + \
         (" A2A-overlap" if r.moe_a2a_overlap else "") + f" DP{r.dp}"
     return f"{lay} mb{r.micro_batch} {r.recompute} ZeRO-{r.zero}"
 
