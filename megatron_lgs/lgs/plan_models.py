@@ -86,7 +86,8 @@ def _launch_config(spec: str, gpus: int) -> tuple[dict, dict]:
         if spec.endswith(".sh"):
             raise ValueError(f"no launch config file {spec}")
         raise ValueError(f"unknown model {spec!r}: simulator presets {sorted(PRESETS)}, launch "
-                         f"configs {config_names(cdir)}, or the path of a .sh")
+                         f"configs {config_names(cdir)}, the path of a .sh, or a Hugging Face "
+                         "model's folder or config.json")
     argv = config_args(name, cdir)
     world = world_size(name) if cdir.resolve() == CONFIGS_DIR.resolve() else gpus
     cfg = parse_args(argv, world_size=world, prog=f"plan_run: launch config {spec}")
