@@ -24,7 +24,6 @@ from megatron_lgs.lgs.timeline import MB, Thresholds
 TP = (1, 2, 4, 8, 16)
 CP = (1, 2, 4)
 MICRO = (1, 2, 4, 8)
-VPP = (1, 2, 3, 4, 6, 8)
 RECOMPUTE = ("none", "selective", "full")
 MAX_PP = 64
 
@@ -76,6 +75,17 @@ def layouts(base: Run) -> Iterator[Run]:
                     yield from _inner(split, tp, pp, cp, dp, ep)
 
 
+def _virtual_stages(split: Run, pp: int) -> list[int]:
+    """Every virtual-stage count that divides a stage's layers (the embedding and the loss
+    counted where `split` counts them): megatron-core takes any, and the published recipes
+    run 5, 7, 10, 12 and 20 as well as powers of two."""
+    if pp == 1:
+        return [1]
+    counted = split.account_for_embedding_in_pipeline_split + \
+        split.account_for_loss_in_pipeline_split
+    return _divisors((split.num_layers + counted) // pp, split.num_layers)
+
+
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
     pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
     # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1); the
@@ -84,7 +94,7 @@ def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[R
     etps = (tp, 1) if base.num_experts and tp > 1 else (tp,)
     overlaps = (False, True) if base.num_experts and ep > 1 else (False,)
     for mb in MICRO:
-        for vpp in VPP if pp > 1 else (1,):
+        for vpp in _virtual_stages(base, pp):
             for recompute in RECOMPUTE:
                 for zero in (0, 1, 2, 3) if pure_dp else (0, 1):
                     for etp, a2a in itertools.product(etps, overlaps):

@@ -447,6 +447,24 @@ def test_planner_keeps_a_configs_dispatcher_and_plans_the_all_to_all(
     assert re.search(r"ref TP1 PP1 EP4 allgather DP8 .* own layout", out), out
 
 
+def test_planner_tries_every_virtual_stage_count_a_stage_divides_into() -> None:
+    """80 layers on 4 stages: 1, 2, 4, 5, 10 and 20 virtual stages (NVIDIA's Llama 3 70B recipes
+    run 5); Llama 3.1 405B's 126 layers on 8 stages count the embedding and the loss: 16 a
+    stage, so 1, 2, 4, 8 and 16."""
+    from megatron_lgs.lgs.planner import _virtual_stages, layouts
+
+    llama70b = run_from_dict({"id": "l", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 80,
+                              "hidden": 8192, "ffn_hidden": 28672, "heads": 64, "kv_heads": 8,
+                              "vocab": 128256, "seq_length": 8192, "tp": 1, "pp": 1,
+                              "micro_batch": 1, "global_batch": 128, "swiglu": True})
+    assert _virtual_stages(llama70b, 4) == [1, 2, 4, 5, 10, 20]
+    assert _virtual_stages(llama70b, 1) == [1]
+    counted = replace(llama70b, num_layers=126, account_for_embedding_in_pipeline_split=True,
+                      account_for_loss_in_pipeline_split=True)
+    assert _virtual_stages(counted, 8) == [1, 2, 4, 8, 16]
+    assert any((r.tp, r.pp, r.vpp, r.cp) == (4, 4, 5, 2) for r in layouts(llama70b))
+
+
 def test_planner_never_proposes_what_does_not_fit() -> None:
     # A 10B model on 8 x 32 GB V100s: most layouts do not fit; none of them is a candidate.
     base, _ = resolve("launch/configs/gpt-10b.sh", "v100-32gb", 8, 64, None)
