@@ -468,6 +468,7 @@ def check_run(r: Run) -> None:
         raise RunError("ep", "expert parallelism needs num_experts > 0")
     elif r.etp != r.tp:
         raise RunError("etp", f"expert tensor parallelism ({r.etp}) needs num_experts > 0")
+    _check_node_groups(r)
     if r.moe_dispatcher not in MOE_DISPATCHERS:
         raise RunError("moe_dispatcher", f"must be one of {MOE_DISPATCHERS}, got "
                                          f"{r.moe_dispatcher!r}")
@@ -488,3 +489,19 @@ def check_run(r: Run) -> None:
     if r.zero >= 2 and r.pp > 1:
         raise RunError("zero", "Megatron-FSDP (zero 2/3) is modelled without pipeline "
                                "parallelism (pp 1)")
+
+
+def _check_node_groups(r: Run) -> None:
+    """The gradient sync's replay places a data-parallel group's ranks evenly on its nodes
+    (`workload.Layout.group_shape`); a group that does not (12 DP ranks of TP1 on nodes of 8,
+    one node holding ranks of two pipeline stages) is refused, not mispriced."""
+    gpn = min(r.gpus_per_node, r.num_gpus)
+    groups = [("dp", r.dp * r.cp, r.tp)]
+    if r.num_experts:
+        groups.append(("ep", r.tp * r.cp * r.dp // (r.ep * r.etp), r.ep * r.etp))
+    for field, size, inner in groups:
+        per_node = max(1, min(size, gpn // inner))
+        if size % per_node:
+            raise RunError(field, f"a data-parallel group of {size} ranks, {per_node} a node, "
+                                  f"does not fill nodes of {gpn} GPUs evenly, which the "
+                                  "model's gradient sync does not place")

@@ -129,6 +129,9 @@ def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
     ({"precision": "fp8"}, "precision"),     # A100 has no FP8
     ({"tp": "4"}, "tp"),
     ({"etp": 3}, "etp"),                     # expert TP on a dense model
+    # 12 DP ranks of TP1 on nodes of 8: a node holds ranks of two stages, which the
+    # gradient sync's replay does not place.
+    ({"num_gpus": 24, "tp": 1, "pp": 2, "global_batch": 480}, "dp"),
     ({"dropout": 1.0}, "dropout"),           # not a probability of dropping
     ({"nic_gbit_per_gpu": float("nan")}, "nic_gbit_per_gpu"),
     ({"num_experts": -1}, "num_experts"),
@@ -463,6 +466,19 @@ def test_planner_tries_every_virtual_stage_count_a_stage_divides_into() -> None:
                       account_for_loss_in_pipeline_split=True)
     assert _virtual_stages(counted, 8) == [1, 2, 4, 8, 16]
     assert any((r.tp, r.pp, r.vpp, r.cp) == (4, 4, 5, 2) for r in layouts(llama70b))
+
+
+def test_planner_on_three_nodes_skips_groups_that_straddle_them(
+        capsys: pytest.CaptureFixture) -> None:
+    """24 GPUs: a layout whose data-parallel group does not fill its nodes evenly (PP2 DP12)
+    is not a candidate, and the planner answers (it stopped with a traceback until
+    2026-12-07)."""
+    base, _ = resolve("launch/configs/gpt-10b.sh", "a100-80gb", 24, 480, None)
+    cands = candidates(base)
+    assert cands and not any((r.tp, r.pp) == (1, 2) for _, _, r in cands)
+    plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "24", "--hardware",
+               "a100-80gb", "--global-batch", "480", "--top", "1"])
+    assert "best flags: " in capsys.readouterr().out
 
 
 def test_planner_never_proposes_what_does_not_fit() -> None:
