@@ -131,6 +131,18 @@ def questions(cands, best: StepEstimate, base: Run) -> list[str]:
     across = _first(best_of(cands, 1, lambda r: r.tp > gpn))
     out.append(f"TP inside a node (<= {gpn}) vs across: "
                f"{_vs(inside, across, 'inside', 'across')}")
+    out.append(_slower_network(best, base))
+    if base.num_experts:
+        on = _first(best_of(cands, 1, lambda r: r.moe_a2a_overlap))
+        off = _first(best_of(cands, 1, lambda r: not r.moe_a2a_overlap))
+        out.append(f"EP all-to-all overlap on vs off: {_vs(on, off, 'on', 'off')}; "
+                   f"{A2A_OVERLAP_EVIDENCE}")
+    return out
+
+
+def _slower_network(best: StepEstimate, base: Run) -> str:
+    if base.num_gpus <= base.gpus_per_node:
+        return f"slower inter-node network: none crosses one, the {base.num_gpus} GPUs share a node"
     nic = get_gpu(best.run.gpu).nic_gbit_per_gpu if best.run.nic_gbit_per_gpu is None \
         else best.run.nic_gbit_per_gpu
     slow = []
@@ -138,14 +150,8 @@ def questions(cands, best: StepEstimate, base: Run) -> list[str]:
         e = predict_run(replace(best.run, nic_gbit_per_gpu=nic / f))
         cost = e.step_time_s / best.step_time_s - 1
         slow.append(f"{nic / f:g} Gb/s {e.step_time_s:.3f} s ({cost:+.1%})")
-    out.append(f"slower inter-node network, best layout at {nic:g} Gb/s per GPU "
-               f"{best.step_time_s:.3f} s: " + ", ".join(slow))
-    if base.num_experts:
-        on = _first(best_of(cands, 1, lambda r: r.moe_a2a_overlap))
-        off = _first(best_of(cands, 1, lambda r: not r.moe_a2a_overlap))
-        out.append(f"EP all-to-all overlap on vs off: {_vs(on, off, 'on', 'off')}; "
-                   f"{A2A_OVERLAP_EVIDENCE}")
-    return out
+    return (f"slower inter-node network, best layout at {nic:g} Gb/s per GPU "
+            f"{best.step_time_s:.3f} s: " + ", ".join(slow))
 
 
 def plan_record(spec: str, base: Run, p: Plan) -> dict:

@@ -468,6 +468,17 @@ def test_planner_tries_every_virtual_stage_count_a_stage_divides_into() -> None:
     assert any((r.tp, r.pp, r.vpp, r.cp) == (4, 4, 5, 2) for r in layouts(llama70b))
 
 
+def test_planner_says_one_node_has_no_network_to_slow(capsys: pytest.CaptureFixture) -> None:
+    """On one node no traffic crosses the network: the answer says so rather than print a
+    network's costs of +0.0%; on two nodes it prices half and a quarter of the network."""
+    for gpus, said in ((8, "slower inter-node network: none crosses one, the 8 GPUs share a "
+                           "node"),
+                       (16, "slower inter-node network, best layout at 200 Gb/s per GPU")):
+        plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", str(gpus), "--hardware",
+                   "a100-80gb", "--global-batch", "64", "--top", "1"])
+        assert f"answer: {said}" in capsys.readouterr().out, gpus
+
+
 def test_planner_on_three_nodes_skips_groups_that_straddle_them(
         capsys: pytest.CaptureFixture) -> None:
     """24 GPUs: a layout whose data-parallel group does not fill its nodes evenly (PP2 DP12)
