@@ -255,5 +255,5 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
         try:
             check_run(ref)
         except RunError:
-            ref = None  # the config's layout does not divide this global batch
+            ref = None  # this global batch, or these nodes, do not take the config's layout
     return base, ref
