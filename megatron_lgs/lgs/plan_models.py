@@ -11,6 +11,7 @@ here too. Its config has no training length or batch, so both are asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -220,10 +221,13 @@ def _hf_model(spec: str, folder: Path, seq_length: int) -> dict:
 
 
 def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float | None,
-            gpus_per_node: int = 8, seq_length: int | None = None) -> tuple[Run, Run | None]:
+            gpus_per_node: int = 8, seq_length: int | None = None,
+            on_refused: Callable[[str], None] | None = None) -> tuple[Run, Run | None]:
     """(the model on `gpus` GPUs in nodes of `gpus_per_node` in a placeholder layout, the
     config's own layout or None). `seq_length` is a Hugging Face config's training length,
-    which it needs, as it needs `global_batch`; a preset or launch config has its own."""
+    which it needs, as it needs `global_batch`; a preset or launch config has its own.
+    `on_refused` hears why a config's own layout for these GPUs is not a run the model
+    takes."""
     from megatron_lgs.lgs.simulate import PRESETS
 
     folder = hf_folder(spec)
@@ -254,6 +258,8 @@ def resolve(spec: str, gpu: str, gpus: int, global_batch: int | None, nic: float
         ref = replace(ref, dp=gpus // (ref.tp * ref.pp * ref.cp))
         try:
             check_run(ref)
-        except RunError:
-            ref = None  # this global batch, or these nodes, do not take the config's layout
+        except RunError as e:  # this global batch, or these nodes, do not take it
+            if on_refused:
+                on_refused(f"{spec}'s own layout is not predicted on {gpus} GPUs: {e}")
+            ref = None
     return base, ref

@@ -202,9 +202,10 @@ def main(argv: list[str] | None = None) -> list[Plan]:
             _fail(f"--out-dir {a.out_dir}: {e.strerror}")
     if a.json and (why := unwritable_file(a.json)):
         _fail(f"--json {a.json}: {why}")
+    refused: list[str] = []
     try:
         base, ref = resolve(a.model, a.hardware, a.gpus, a.global_batch, a.nic_gbit_per_gpu,
-                            a.gpus_per_node, a.seq_length)
+                            a.gpus_per_node, a.seq_length, on_refused=refused.append)
     except (ValueError, KeyError) as e:
         _fail(str(e))
     if next(layouts(base), None) is None:
@@ -218,6 +219,8 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     print(f"# {a.model} on {a.gpus} x {a.hardware} ({base.gpus_per_node} a node), global batch "
           f"{base.global_batch}: "
           f"{len(cands)} layouts fit in memory")
+    for line in refused:
+        print(f"# {line}")
     if not top:
         print("no layout fits in memory", file=sys.stderr)
         raise SystemExit(2)
@@ -258,6 +261,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
             "layouts_fit": len(cands), "caveats": caveats(a.hardware, base),
             "plans": [plan_record(a.model, base, p) for p in plans],
             "config_layout": plan_record(a.model, base, rp) if rp else None,
+            "config_layout_refused": refused[0] if refused else None,
             "answers": answers}, indent=1) + "\n")
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)

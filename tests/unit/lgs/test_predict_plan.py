@@ -492,6 +492,25 @@ def test_planner_on_three_nodes_skips_groups_that_straddle_them(
     assert "best flags: " in capsys.readouterr().out
 
 
+def test_planner_says_why_a_configs_own_layout_is_not_predicted(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A user's PP2 config on 24 GPUs (DP 12 over three nodes of 8): its layout is one the
+    model does not place, and the planner says so where the config's row would stand."""
+    (tmp_path / "pp2.sh").write_text(
+        "CONFIG_ARGS=(--num-layers 8 --hidden-size 1024 --num-attention-heads 16 "
+        "--seq-length 2048 --pipeline-model-parallel-size 2 --use-distributed-optimizer "
+        "--overlap-grad-reduce --bf16 --micro-batch-size 1 --global-batch-size 48 "
+        "--vocab-size 32000)\n")
+    out_file = tmp_path / "plan.json"
+    plan_main(["--model", str(tmp_path / "pp2.sh"), "--gpus", "24", "--hardware", "a100-80gb",
+               "--top", "1", "--json", str(out_file)])
+    out = capsys.readouterr().out
+    said = "own layout is not predicted on 24 GPUs: field 'dp': a data-parallel group of 12"
+    assert said in out and " ref " not in out, out
+    plan = json.loads(out_file.read_text())
+    assert plan["config_layout"] is None and said in plan["config_layout_refused"]
+
+
 def test_planner_never_proposes_what_does_not_fit() -> None:
     # A 10B model on 8 x 32 GB V100s: most layouts do not fit; none of them is a candidate.
     base, _ = resolve("launch/configs/gpt-10b.sh", "v100-32gb", 8, 64, None)
