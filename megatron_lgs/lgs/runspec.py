@@ -88,7 +88,14 @@ from typing import Any
 
 from megatron_lgs.lgs.gpus import GPUS
 from megatron_lgs.lgs.run_defaults import assume
-from megatron_lgs.lgs.workload import Layout, ModelConfig, SplitError, layer_split, pipeline_split
+from megatron_lgs.lgs.workload import (
+    Layout,
+    ModelConfig,
+    SplitError,
+    group_ranks_per_node,
+    layer_split,
+    pipeline_split,
+)
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe", "moe_act", "layernorm")
@@ -500,8 +507,7 @@ def _check_node_groups(r: Run) -> None:
     if r.num_experts:
         groups.append(("ep", r.tp * r.cp * r.dp // (r.ep * r.etp), r.ep * r.etp))
     for field, size, inner in groups:
-        per_node = max(1, min(size, gpn // inner))
-        if size % per_node:
-            raise RunError(field, f"a data-parallel group of {size} ranks, {per_node} a node, "
-                                  f"does not fill nodes of {gpn} GPUs evenly, which the "
+        if group_ranks_per_node(size, inner, gpn) is None:
+            raise RunError(field, f"a data-parallel group of {size} ranks, {gpn // inner} a "
+                                  f"node, does not fill nodes of {gpn} GPUs evenly, which the "
                                   "model's gradient sync does not place")

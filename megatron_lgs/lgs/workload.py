@@ -101,10 +101,18 @@ class Layout:
     def group_shape(self, group: str) -> tuple[int, int]:
         """(ranks of this gradient group per node g, nodes m) for a DP or expert-DP group."""
         size, inner = (self.dp, self.tp) if group == DENSE else (self.expert_dp, self.ep * self.etp)
-        g = max(1, min(size, self.gpus_per_node // inner))
-        if size % g:
-            raise ValueError(f"{group} DP group of {size} does not split into nodes of {g} ranks")
+        g = group_ranks_per_node(size, inner, self.gpus_per_node)
+        if g is None:
+            raise ValueError(f"{group} DP group of {size} does not fill nodes of "
+                             f"{self.gpus_per_node} evenly")
         return g, size // g
+
+
+def group_ranks_per_node(size: int, inner: int, gpus_per_node: int) -> int | None:
+    """Ranks of a data-parallel group of `size` on each of its nodes, `inner` GPUs (its TP, or
+    expert TP x EP, block) apart; None where the group does not fill its nodes evenly."""
+    g = max(1, min(size, gpus_per_node // inner))
+    return None if size % g else g
 
 
 @dataclass(frozen=True)
