@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -30,6 +31,7 @@ from megatron_lgs.lgs.gpus import GPUS, get_gpu
 from megatron_lgs.lgs.grid import GRID_MB
 from megatron_lgs.lgs.plan_models import best_flags, resolve
 from megatron_lgs.lgs.planner import (
+    Candidate,
     Plan,
     best_of,
     candidates,
@@ -107,10 +109,15 @@ def row(i: int | str, p: Plan) -> str:
             f"{e.memory.peak_bytes / 1e9:>6.1f} {lgs}")
 
 
-def _vs(a: StepEstimate | None, b: StepEstimate | None, what_a: str, what_b: str) -> str:
+def _vs(a: StepEstimate | None, b: StepEstimate | None, what_a: str, what_b: str,
+        unfit: Callable[[str], bool]) -> str:
+    """`a` against `b`; where one is missing, whether its kind was refused for memory
+    (`unfit(what)`) or no layout of that kind divides the model, GPUs and batch at all."""
     if a is None or b is None:
         missing = what_a if a is None else what_b
-        return f"no valid {missing} layout fits in memory"
+        if unfit(missing):
+            return f"no {missing} layout fits in memory"
+        return f"no {missing} layout divides this model, GPU count and global batch"
     faster = what_a if a.step_time_s <= b.step_time_s else what_b
     ratio = max(a.step_time_s, b.step_time_s) / min(a.step_time_s, b.step_time_s)
     return (f"{what_a} {describe(a.run)} {a.step_time_s:.3f} s vs {what_b} {describe(b.run)} "
@@ -121,28 +128,46 @@ def _first(xs: list[StepEstimate]) -> StepEstimate | None:
     return xs[0] if xs else None
 
 
-def questions(cands, best: StepEstimate, base: Run) -> list[str]:
+def questions(cands: list[Candidate], best: StepEstimate, base: Run, unfit: list[Run] = (),
+              known: dict[Run, StepEstimate] | None = None) -> list[str]:
+    """The seeds' questions, answered on `cands` (`planner.candidates`; `unfit`: the layouts
+    it left out for memory; `known`: predictions already made, see `planner.best_of`)."""
+    def vs(what_a: str, what_b: str, where_a: Callable[[Run], bool],
+           where_b: Callable[[Run], bool], among: list[Candidate] = cands) -> str:
+        kinds = {what_a: where_a, what_b: where_b}
+        return _vs(_first(best_of(among, 1, where_a, known)),
+                   _first(best_of(among, 1, where_b, known)), what_a, what_b,
+                   lambda what: any(kinds[what](r) for r in unfit))
+
+    def pure(r: Run) -> bool:
+        return (r.tp, r.pp, r.cp, r.ep) == (1, 1, 1, 1)
+
     gpn = base.gpus_per_node
-    pure = [c for c in cands if (c[2].tp, c[2].pp, c[2].cp, c[2].ep) == (1, 1, 1, 1)]
-    z2 = _first(best_of(pure, 1, lambda r: r.zero == 2))
-    z3 = _first(best_of(pure, 1, lambda r: r.zero == 3))
-    out = [f"ZeRO-2 vs ZeRO-3 (pure data parallel): {_vs(z2, z3, 'ZeRO-2', 'ZeRO-3')}"]
-    inside = _first(best_of(cands, 1, lambda r: r.tp <= gpn))
-    across = _first(best_of(cands, 1, lambda r: r.tp > gpn))
-    out.append(f"TP inside a node (<= {gpn}) vs across: "
-               f"{_vs(inside, across, 'inside', 'across')}")
+    out = ["ZeRO-2 vs ZeRO-3 (pure data parallel): "
+           + vs("ZeRO-2", "ZeRO-3", lambda r: pure(r) and r.zero == 2,
+                lambda r: pure(r) and r.zero == 3)]
+    if base.num_gpus <= gpn:
+        out.append(f"TP inside a node (<= {gpn}) vs across: none crosses one, "
+                   f"{_one_node(base.num_gpus)}")
+    else:
+        out.append(f"TP inside a node (<= {gpn}) vs across: "
+                   + vs("inside", "across", lambda r: r.tp <= gpn, lambda r: r.tp > gpn))
     out.append(_slower_network(best, base))
     if base.num_experts:
-        on = _first(best_of(cands, 1, lambda r: r.moe_a2a_overlap))
-        off = _first(best_of(cands, 1, lambda r: not r.moe_a2a_overlap))
-        out.append(f"EP all-to-all overlap on vs off: {_vs(on, off, 'on', 'off')}; "
-                   f"{A2A_OVERLAP_EVIDENCE}")
+        out.append("EP all-to-all overlap on vs off: "
+                   + vs("on", "off", lambda r: r.moe_a2a_overlap,
+                        lambda r: not r.moe_a2a_overlap)
+                   + f"; {A2A_OVERLAP_EVIDENCE}")
     return out
+
+
+def _one_node(num_gpus: int) -> str:
+    return "the one GPU" if num_gpus == 1 else f"the {num_gpus} GPUs share a node"
 
 
 def _slower_network(best: StepEstimate, base: Run) -> str:
     if base.num_gpus <= base.gpus_per_node:
-        return f"slower inter-node network: none crosses one, the {base.num_gpus} GPUs share a node"
+        return f"slower inter-node network: none crosses one, {_one_node(base.num_gpus)}"
     nic = get_gpu(best.run.gpu).nic_gbit_per_gpu if best.run.nic_gbit_per_gpu is None \
         else best.run.nic_gbit_per_gpu
     slow = []
@@ -211,8 +236,10 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if next(layouts(base), None) is None:
         _fail(f"no layout of {a.model} divides {a.gpus} GPUs and global batch "
               f"{base.global_batch} (TP x PP x CP x DP = GPUs, DP x micro-batch | batch)")
-    cands = candidates(base)
-    top = best_of(cands, a.top)
+    unfit: list[Run] = []
+    cands = candidates(base, unfit)
+    known: dict[Run, StepEstimate] = {}
+    top = best_of(cands, a.top, known=known)
     print(f"# {LABEL}")
     for caveat in caveats(a.hardware, base):
         print(f"# {caveat}")
@@ -242,9 +269,9 @@ def main(argv: list[str] | None = None) -> list[Plan]:
         print(row("ref", rp) + f"  <- {a.model}'s own layout"
               + ("" if rp.estimate.fits_memory else " (does NOT fit in memory)"))
         print(f"best vs config layout: {rp.estimate.step_time_s / best.estimate.step_time_s:.3f}x")
-    answers = questions(cands, best.estimate, base)
+    answers = questions(cands, best.estimate, base, unfit, known)
     lgs_best = best if lgs_applies(best.run) else next(
-        (with_thresholds(e) for e in best_of(cands, 1, lgs_applies)), None)
+        (with_thresholds(e) for e in best_of(cands, 1, lgs_applies, known)), None)
     if lgs_best is None:
         answers.append("bucket thresholds: no layout LGS applies to (ZeRO 0/1) fits in memory")
     else:

@@ -118,22 +118,35 @@ def fits(r: Run) -> bool:
 Candidate = tuple[float, int, Run]
 
 
-def candidates(base: Run) -> list[Candidate]:
-    """Every layout that fits in memory with its lower bound (the pipeline's compute end)."""
-    return [(compute_phase(r)[1], i, r) for i, r in enumerate(layouts(base)) if fits(r)]
+def candidates(base: Run, unfit: list[Run] | None = None) -> list[Candidate]:
+    """Every layout that fits in memory with its lower bound (the pipeline's compute end);
+    `unfit` collects those that do not."""
+    out = []
+    for i, r in enumerate(layouts(base)):
+        if fits(r):
+            out.append((compute_phase(r)[1], i, r))
+        elif unfit is not None:
+            unfit.append(r)
+    return out
 
 
 def best_of(cands: list[Candidate], top: int = 5,
-            where: Callable[[Run], bool] = lambda r: True) -> list[StepEstimate]:
-    """The `top` fastest predicted layouts among `cands` that satisfy `where`, fastest first."""
+            where: Callable[[Run], bool] = lambda r: True,
+            known: dict[Run, StepEstimate] | None = None) -> list[StepEstimate]:
+    """The `top` fastest predicted layouts among `cands` that satisfy `where`, fastest first.
+    `known`: predictions to reuse and to add to, shared by searches over the same candidates
+    (the planner's questions replay mostly the layouts its main search did)."""
     heap = [c for c in cands if where(c[2])]
     heapq.heapify(heap)
+    known = {} if known is None else known
     best: list[StepEstimate] = []
     while heap:
         bound, _, r = heapq.heappop(heap)
         if len(best) >= top and bound >= best[-1].step_time_s:
             break
-        best.append(predict_run(r))
+        if r not in known:
+            known[r] = predict_run(r)
+        best.append(known[r])
         best.sort(key=lambda e: e.step_time_s)
         del best[top:]
     return best

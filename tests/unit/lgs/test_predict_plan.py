@@ -630,3 +630,35 @@ def test_stage_tensor_limit_counts_the_tensors_the_replay_builds(run: dict) -> N
     ops = stage_backward(w.model, w.layout, 1)  # the last stage; its loss has no tensors here
     built = sum(len(op.grads) for op in ops if op.name.startswith("layer"))
     assert built == layers * stage_tensors_per_layer(r)
+
+
+def test_planner_says_whether_a_missing_layout_did_not_fit_or_does_not_exist() -> None:
+    """An answer without a layout of one kind says why: refused for memory (the 100B without
+    model parallelism), none divides the model (the 10B's 40 heads take no TP16), or all the
+    GPUs share a node (no TP crosses one)."""
+    cases = (("gpt-100b", "a100-80gb", 128, 512,
+              "ZeRO-2 vs ZeRO-3 (pure data parallel): no ZeRO-2 layout fits in memory"),
+             ("gpt-10b", "a100-40gb", 16, None,
+              "TP inside a node (<= 8) vs across: no across layout divides this model, GPU "
+              "count and global batch"),
+             ("gpt-10b", "a100-40gb", 6, 6,
+              "TP inside a node (<= 8) vs across: none crosses one, the 6 GPUs share a node"))
+    for model, gpu, gpus, batch, said in cases:
+        base, _ = resolve(model, gpu, gpus, batch, None)
+        unfit: list = []
+        cands = candidates(base, unfit)
+        assert all(not fits(r) for r in unfit) and all(fits(c[2]) for c in cands), model
+        assert said in questions(cands, best_of(cands, 1)[0], base, unfit), (model, gpus)
+
+
+def test_planner_searches_share_their_predictions() -> None:
+    """The questions' searches reuse the main search's predictions, and find what they find
+    without them."""
+    base, _ = resolve("launch/configs/gpt-100b-moe.sh", "h100-sxm", 32, None, None)
+    cands = candidates(base)
+    known: dict = {}
+    best = best_of(cands, 3, known=known)
+    replayed = len(known)
+    assert best_of(cands, 1, known=known) == best[:1] and len(known) == replayed
+    shared = questions(cands, best[0], base, known=known)
+    assert len(known) > replayed and shared == questions(cands, best[0], base)
