@@ -22,7 +22,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -128,15 +128,15 @@ def _first(xs: list[StepEstimate]) -> StepEstimate | None:
     return xs[0] if xs else None
 
 
-def questions(cands: list[Candidate], best: StepEstimate, base: Run, unfit: list[Run] = (),
+def questions(cands: list[Candidate], best: StepEstimate, base: Run, unfit: Sequence[Run] = (),
               known: dict[Run, StepEstimate] | None = None) -> list[str]:
     """The seeds' questions, answered on `cands` (`planner.candidates`; `unfit`: the layouts
     it left out for memory; `known`: predictions already made, see `planner.best_of`)."""
     def vs(what_a: str, what_b: str, where_a: Callable[[Run], bool],
-           where_b: Callable[[Run], bool], among: list[Candidate] = cands) -> str:
+           where_b: Callable[[Run], bool]) -> str:
         kinds = {what_a: where_a, what_b: where_b}
-        return _vs(_first(best_of(among, 1, where_a, known)),
-                   _first(best_of(among, 1, where_b, known)), what_a, what_b,
+        return _vs(_first(best_of(cands, 1, where_a, known)),
+                   _first(best_of(cands, 1, where_b, known)), what_a, what_b,
                    lambda what: any(kinds[what](r) for r in unfit))
 
     def pure(r: Run) -> bool:
