@@ -31,6 +31,37 @@ def megatron_moe_rows() -> list[dict]:
              "run": MEGATRON_MOE_RUN}]
 
 
+MODELZOO_MIXTRAL = ("yanring/Megatron-MoE-ModelZoo best_practice/Mixtral/run_mixtral_8x22B.sh "
+                    "(commit b09773a8ff of 2025-12-16; unchanged, renamed to "
+                    "best_practice/mixtral/, at e8650517d6 of 2026-05-16): 'Dropless training "
+                    "with forced balancing, performance should be around 465 TFLOPS for H100', "
+                    "with runtime.conf, "
+                    "sbatch_benchmarking.sh and model_configs/benchmarking/Mixtral-8x22B.yaml of "
+                    "the same commit; TFLOP/s with causal attention")
+# Mixtral 8x22B (56 layers, hidden 6144, 8 experts of 16384 with SwiGLU, top-2, 48 heads with 8
+# KV groups, Llama 2's 32000-token vocabulary, untied), BF16, 128 H100 (16 nodes), sequence
+# 4096, TP2 (sequence parallel, with the --tp-comm-overlap the script adds to every BF16 run)
+# PP8 VP7 (one layer a virtual stage) EP8 with expert TP 1, micro-batch 1, global batch 256;
+# the all-to-all dispatcher, grouped GEMMs, fused permutation and router, distributed optimizer
+# with overlapped gradient reduction and parameter gathers, flash attention, no dropout, no
+# recompute, no EP overlap. Forced balancing is the routing the model assumes; the same file
+# gives dropless training with the learned router ~445, token dropping ~470 and blockwise FP8
+# (which the model lacks) ~560. Its first version of the same day said 455 for both.
+MIXTRAL_8X22B_RUN = {"id": "modelzoo-mixtral-8x22b", "gpu": "h100-sxm", "num_gpus": 128,
+                     "num_layers": 56, "hidden": 6144, "ffn_hidden": 16384, "heads": 48,
+                     "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 2, "pp": 8,
+                     "vpp": 7, "ep": 8, "etp": 1, "micro_batch": 1, "global_batch": 256,
+                     "recompute": "none", "precision": "bf16", "swiglu": True,
+                     "num_experts": 8, "moe_topk": 2, "distributed_optimizer": True,
+                     "tp_comm_overlap": True, "dropout": 0.0, "position_embedding": "rope",
+                     "moe_dispatcher": "alltoall"}
+
+
+def modelzoo_mixtral_rows() -> list[dict]:
+    return [{"source": MODELZOO_MIXTRAL, "published": 465.0,
+             "metric": "TFLOP/s/GPU (causal attention)", "run": MIXTRAL_8X22B_RUN}]
+
+
 MEGATRON_RECIPES = ("Megatron-LM examples/moe_recipes/README.md, 'Median TFLOP/s/GPU' (dev "
                     "branch, commit 9c5258f109 of 2026-08-11), with the recipes of the same "
                     "commit (qwen3_30b/h100/bf16_32GPU_TP1PP1EP8.yaml, "

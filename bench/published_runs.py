@@ -49,6 +49,7 @@ from moe_rows import (  # noqa: E402
     long_context_rows,
     megatron_moe_rows,
     megatron_recipe_rows,
+    modelzoo_mixtral_rows,
 )
 from published_rows import (  # noqa: E402
     BRIDGE_LATER,
@@ -73,7 +74,7 @@ UNPUBLISHED_MICRO_BATCHES = (1, 2, 4, 8)
 def published_rows() -> list[dict]:
     """The table's rows, source by source."""
     return (megatron2020_rows() + narayanan_rows() + megatron_gpt3_2021_rows() + korthikanti_rows()
-            + megatron_h100_rows() + megatron_moe_rows()
+            + megatron_h100_rows() + megatron_moe_rows() + modelzoo_mixtral_rows()
             + megatron_bridge_rows() + megatron_llama_rows() + nemo_rows() + megatron_recipe_rows()
             + long_context_rows()
             + mlperf_rows() + mlperf_llama_rows() + dgxc_rows() + bloom_rows())

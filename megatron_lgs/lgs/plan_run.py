@@ -49,7 +49,7 @@ from megatron_lgs.value_checks import unwritable_file
 LABEL = "PREDICTION (whole-step model, not a measurement)"
 # What bench/published_runs.py shows on Hopper (README, "Published runs").
 HOPPER = ("h100-sxm", "h800", "h200")
-HOPPER_CAVEAT = ("Hopper: 79 of the 82 published H100 runs of bench/published_runs.py "
+HOPPER_CAVEAT = ("Hopper: 80 of the 83 published H100 runs of bench/published_runs.py "
                  "(2023-2026, BF16 and FP8) were slower than this model predicts, by a median "
                  "11% (BF16 8%, FP8 11%), and all 3 H200 runs (2025, FP8) by 5-11%; NVIDIA's "
                  "recipes of 2024 that ran in both precisions gained 3-14% less from FP8 than "

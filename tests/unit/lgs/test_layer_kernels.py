@@ -109,13 +109,13 @@ def test_measured_kernels_scale_the_models_step() -> None:
 def test_the_recorded_h200_measurement_summarizes() -> None:
     """The file the README's kernel figures come from holds every Hopper row the table had on
     2026-12-04, each measured, in the table's order; the rows added since (Megatron-Bridge's
-    Llama 3 8B, Megatron-LM's MoE recipes of 2026, the ModelZoo's long-context runs, MLPerf's
-    GPT-3 and Llama 3.1 runs, NVIDIA's DGX Cloud recipes, Megatron-LM's Llama README of 2025,
-    NeMo 24.07's Nemotron rows) await a GPU run."""
+    Llama 3 8B, Megatron-LM's MoE recipes of 2026, the ModelZoo's long-context runs and its
+    Mixtral 8x22B, MLPerf's GPT-3 and Llama 3.1 runs, NVIDIA's DGX Cloud recipes, Megatron-LM's
+    Llama README of 2025, NeMo 24.07's Nemotron rows) await a GPU run."""
     path = Path(__file__).resolve().parents[3] / "bench/measured/h200-2026-12-04/layer_kernels.json"
     measured = [g["row"] for g in summarize(path)]
     later = ["bridge-llama3-8b-fp8", "recipe-qwen3-30b-a3b-bf16", "recipe-qwen3-235b-a22b-bf16",
-             *(f"modelzoo-qwen3-235b-{k}k" for k in (16, 32, 64, 128)),
+             *(f"modelzoo-qwen3-235b-{k}k" for k in (16, 32, 64, 128)), "modelzoo-mixtral-8x22b",
              *(f"nemo-nemotron-{m}" for m in ("8b-64", "22b-64", "340b-128")),
              *(row["run"]["id"] for row in mlperf_rows() + mlperf_llama_rows() + dgxc_rows()
                + megatron_llama_rows())]
