@@ -31,7 +31,8 @@ import pretrain_gpt  # noqa: E402
 from megatron_lgs import data  # noqa: E402
 from megatron_lgs.arguments import parse_args  # noqa: E402
 from megatron_lgs.lgs.plan_models import trainer_run_fields  # noqa: E402
-from megatron_lgs.lgs.runspec import Run, check_run  # noqa: E402
+from megatron_lgs.lgs.runcheck import check_run  # noqa: E402
+from megatron_lgs.lgs.runspec import Run  # noqa: E402
 from megatron_lgs.lgs.stepmodel import predict_run  # noqa: E402
 from megatron_lgs.model import rope_fusion  # noqa: E402
 from megatron_lgs.training import Trainer  # noqa: E402

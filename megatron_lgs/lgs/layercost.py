@@ -25,7 +25,8 @@ from megatron_lgs.lgs.moecost import (
     moe_mlp,
     overlap_all_to_all,
 )
-from megatron_lgs.lgs.runspec import RECOMPUTE_MODULES, Run
+from megatron_lgs.lgs.runcheck import RECOMPUTE_MODULES
+from megatron_lgs.lgs.runspec import Run
 from megatron_lgs.lgs.tpcomm import (
     expert_tp_comm,
     tp_collectives,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from megatron_lgs.lgs.gpus import get_gpu
 from megatron_lgs.lgs.planner import Plan, layout_flags, model_flags
-from megatron_lgs.lgs.runspec import Run, RunError, check_run, layout_fields, model_fields
+from megatron_lgs.lgs.runcheck import RunError, check_run
+from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.workload import pipeline_split
 
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are

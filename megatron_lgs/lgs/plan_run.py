@@ -42,7 +42,8 @@ from megatron_lgs.lgs.planner import (
 )
 from megatron_lgs.lgs.predict import prediction_record
 from megatron_lgs.lgs.run_defaults import fine_grained_moe
-from megatron_lgs.lgs.runspec import Run, fills_nodes, run_to_dict
+from megatron_lgs.lgs.runcheck import fills_nodes
+from megatron_lgs.lgs.runspec import Run, run_to_dict
 from megatron_lgs.lgs.stepmodel import StepEstimate, predict_run
 from megatron_lgs.value_checks import unwritable_file
 

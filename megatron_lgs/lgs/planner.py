@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from megatron_lgs.lgs.grid import GRID_MB
-from megatron_lgs.lgs.runspec import Run, RunError, check_run
+from megatron_lgs.lgs.runcheck import RunError, check_run
+from megatron_lgs.lgs.runspec import Run
 from megatron_lgs.lgs.stepmemory import estimate_memory
 from megatron_lgs.lgs.stepmodel import StepEstimate, compute_phase, predict_run, stage_params
 from megatron_lgs.lgs.timeline import MB, Thresholds

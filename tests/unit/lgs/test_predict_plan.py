@@ -33,7 +33,8 @@ from megatron_lgs.lgs.planner import (
     with_thresholds,
 )
 from megatron_lgs.lgs.predict import predict_file
-from megatron_lgs.lgs.runspec import run_from_dict, stage_tensors_per_layer
+from megatron_lgs.lgs.runcheck import stage_tensors_per_layer
+from megatron_lgs.lgs.runspec import run_from_dict
 from megatron_lgs.lgs.simulate import cli
 from megatron_lgs.lgs.stepmodel import predict_run, sync_workload
 from megatron_lgs.lgs.workload import stage_backward
