@@ -1,6 +1,7 @@
-"""`simulate predict RUNS.json` (its JSON lines and one-line errors) and the layout planner on
-the seed's 100B case and launch/configs/gpt-10b.sh (the published-runs table:
-test_published_runs.py)."""
+"""The layout planner (`plan_run`): the seed's 100B case and launch/configs/gpt-10b.sh, what it
+searches, its flag lines through the trainer's validation, its answers, its JSON and its
+one-line errors (a user's own configs: test_planner_configs.py; `simulate predict`:
+test_predict.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from pathlib import Path
 import pytest
 
 from megatron_lgs.arguments import build_parser, config_from_namespace
-from megatron_lgs.lgs.gpus import GPUS, link_profile
-from megatron_lgs.lgs.layercost import TERMS
 from megatron_lgs.lgs.plan_models import best_flags, resolve
 from megatron_lgs.lgs.plan_run import (
     A2A_OVERLAP_EVIDENCE,
@@ -33,132 +32,11 @@ from megatron_lgs.lgs.planner import (
     with_thresholds,
 )
 from megatron_lgs.lgs.predict import predict_file
-from megatron_lgs.lgs.runcheck import stage_tensors_per_layer
 from megatron_lgs.lgs.runspec import run_from_dict
-from megatron_lgs.lgs.simulate import cli
-from megatron_lgs.lgs.stepmodel import predict_run, sync_workload
-from megatron_lgs.lgs.workload import stage_backward
+from megatron_lgs.lgs.stepmodel import predict_run
 from megatron_lgs.validation import validate
 
 ROOT = Path(__file__).resolve().parents[3]
-DENSE = {"id": "dense", "gpu": "a100-80gb", "num_gpus": 16, "gpus_per_node": None,
-         "nic_gbit_per_gpu": None, "num_layers": 40, "hidden": 5120, "ffn_hidden": 13824,
-         "heads": 40, "kv_heads": 8, "vocab": 32000, "seq_length": 4096, "tp": 4, "pp": 2,
-         "cp": None, "dp": None, "ep": None, "vpp": None, "micro_batch": 1, "global_batch": 512,
-         "recompute": None, "precision": None, "swiglu": True, "num_experts": None,
-         "moe_topk": None, "distributed_optimizer": True, "sequence_parallel": None,
-         "comment": "unknown fields are ignored"}
-MOE = {"id": "moe", "gpu": "h100-sxm", "num_gpus": 64, "num_layers": 16, "hidden": 4096,
-       "ffn_hidden": 14336, "heads": 32, "kv_heads": 8, "vocab": 32000, "seq_length": 4096,
-       "tp": 2, "pp": 2, "ep": 8, "micro_batch": 1, "global_batch": 256, "swiglu": True,
-       "num_experts": 16, "moe_topk": 2, "distributed_optimizer": True,
-       "recompute": "selective"}
-KEYS = {"id", "predicted_step_time_s", "predicted_tflops_per_gpu", "predicted_mfu",
-        "fits_memory", "peak_memory_gb", "breakdown", "unknown_fields", "inert_fields",
-        "assumed"}
-
-
-def _predict(runs: list, tmp_path: Path) -> tuple[int, list[dict], list[str]]:
-    path = tmp_path / "runs.json"
-    path.write_text(json.dumps(runs))
-    out, err = io.StringIO(), io.StringIO()
-    code = predict_file(path, out, err)
-    return code, [json.loads(x) for x in out.getvalue().splitlines()], \
-        err.getvalue().splitlines()
-
-
-def test_predict_cli_dense_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    path = tmp_path / "runs.json"
-    path.write_text(json.dumps([DENSE, MOE]))
-    # What `python -m megatron_lgs.lgs.simulate predict RUNS.json` runs, in-process.
-    assert cli(["predict", str(path)]) == 0
-    captured = capsys.readouterr()
-    assert captured.err == ""
-    lines = [json.loads(x) for x in captured.out.splitlines()]
-    assert [x["id"] for x in lines] == ["dense", "moe"]
-    for x in lines:
-        assert set(x) == KEYS and set(x["breakdown"]) == set(TERMS)
-        assert sum(x["breakdown"].values()) == pytest.approx(x["predicted_step_time_s"],
-                                                             rel=1e-4)
-        assert 0 < x["predicted_mfu"] < 1 and isinstance(x["fits_memory"], bool)
-    assert lines[1]["breakdown"]["moe_all_to_all"] > 0 == lines[0]["breakdown"]["moe_all_to_all"]
-    assert lines[1]["breakdown"]["recompute"] > 0
-    assert cli(["predict"]) == 2  # usage
-
-
-# A dense BF16 run on one node without virtual stages or TP, each knob set away from its
-# default, where none of them can act.
-INERT = {"fp8_recipe": "current", "fp8_params": False, "tp_only_amax_red": True,
-         "async_amax_reduction": True, "moe_topk": 8, "moe_ffn_hidden": 1024,
-         "sequence_parallel": True, "tp_comm_overlap": True, "tp_async_backward": False,
-         "rope_fusion": False, "overlap_param_gather": False, "overlap_p2p_comm": False,
-         "p2p_scatter_gather": True, "nic_gbit_per_gpu": 25.0}
-
-
-def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
-    """Misspelt keys and knobs that cannot act on the run are ignored, as the issue's
-    interface says, and named in the run's line; an inert knob changes no figure, and the same
-    knob where it can act does."""
-    base = {**DENSE, "num_gpus": 8, "tp": 1, "pp": 1, "distributed_optimizer": False}
-    code, [line], _ = _predict([{**base, **INERT, "micro_bach": 4}], tmp_path)
-    assert code == 0
-    assert line["unknown_fields"] == ["comment", "micro_bach"]
-    assert sorted(line["inert_fields"]) == sorted(INERT)
-    alone = predict_run(run_from_dict(base))
-    for field, value in INERT.items():
-        e = predict_run(run_from_dict({**base, field: value}))
-        assert e.step_time_s == alone.step_time_s, field
-        assert e.breakdown == alone.breakdown and e.memory == alone.memory, field
-    # Where they can act: TP 2 with its overlap, FP8 delayed scaling on H100 over 2 nodes.
-    acting = {**base, "gpu": "h100-sxm", "num_gpus": 16, "tp": 2, "precision": "fp8"}
-    _, [line], _ = _predict([{**acting, "tp_comm_overlap": True, "tp_only_amax_red": True,
-                              "nic_gbit_per_gpu": 100.0}], tmp_path)
-    assert line["inert_fields"] == []
-    for field, value in (("tp_comm_overlap", True), ("tp_only_amax_red", True),
-                         ("nic_gbit_per_gpu", 25.0)):
-        e = predict_run(run_from_dict({**acting, field: value}))
-        assert e.step_time_s != predict_run(run_from_dict(acting)).step_time_s, field
-
-
-@pytest.mark.parametrize("bad,field", [
-    ({"dp": 4}, "dp"),                       # tp x pp x cp x dp != num_gpus
-    ({"num_gpus": 30}, "num_gpus"),          # not divisible by tp x pp
-    ({"hidden": None}, "hidden"),            # missing required field
-    ({"gpu": "tpu-v5"}, "gpu"),
-    ({"recompute": "some"}, "recompute"),
-    ({"global_batch": 101}, "global_batch"),
-    ({"precision": "fp8"}, "precision"),     # A100 has no FP8
-    ({"tp": "4"}, "tp"),
-    ({"etp": 3}, "etp"),                     # expert TP on a dense model
-    # 12 DP ranks of TP1 on nodes of 8: a node holds ranks of two stages, which the
-    # gradient sync's replay does not place.
-    ({"num_gpus": 24, "tp": 1, "pp": 2, "global_batch": 480}, "dp"),
-    ({"dropout": 1.0}, "dropout"),           # not a probability of dropping
-    ({"nic_gbit_per_gpu": float("nan")}, "nic_gbit_per_gpu"),
-    ({"num_experts": -1}, "num_experts"),
-    ({"optimizer_state_bytes": 0}, "optimizer_state_bytes"),
-    # Beyond any model: refused at once instead of building a billion layers' tensors.
-    ({"num_layers": 10**9}, "num_layers"),
-    ({"num_experts": 10**8, "moe_topk": 2, "ep": 4}, "num_experts"),
-    ({"num_gpus": 4 * 10**9, "pp": 10**9, "num_layers": 10**9}, "pp"),
-    ({"num_layers": 2 * 10**5, "vpp": 10**5}, "vpp"),
-])
-def test_predict_one_line_error_names_run_and_field(tmp_path: Path, bad: dict,
-                                                    field: str) -> None:
-    code, lines, err = _predict([DENSE, {**DENSE, "id": "broken", **bad}, MOE], tmp_path)
-    assert code == 2
-    assert [x["id"] for x in lines] == ["dense", "moe"]  # the others are still predicted
-    assert len(err) == 1 and "run broken" in err[0] and repr(field) in err[0]
-
-
-def test_predict_bad_file(tmp_path: Path) -> None:
-    path = tmp_path / "runs.json"
-    path.write_text("{not json")
-    err = io.StringIO()
-    assert predict_file(path, io.StringIO(), err) == 2
-    assert len(err.getvalue().splitlines()) == 1
-    path.write_text(json.dumps({"id": "x"}))
-    assert predict_file(path, io.StringIO(), io.StringIO()) == 2
 
 
 @pytest.mark.parametrize("model,gpus", [("gpt-100b", 128), ("launch/configs/gpt-10b.sh", 16),
@@ -181,7 +59,6 @@ def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
         assert q in out
 
 
-# One layout of each kind the planner can propose: its flag line must be one the trainer runs.
 KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
          "ZeRO-2": lambda r: r.zero == 2, "ZeRO-3": lambda r: r.zero == 3,
          "TP": lambda r: r.tp > 1, "PP": lambda r: r.pp > 1, "VPP": lambda r: r.vpp > 1,
@@ -272,73 +149,6 @@ def test_planner_json_is_what_it_prints_and_predict_takes(tmp_path: Path,
     assert again == steps and steps[:3] == sorted(steps[:3])
 
 
-def _hf_llama(folder: Path) -> Path:
-    """A Llama-shaped Hugging Face config (GQA, untied, RoPE theta of Llama 3), no weights."""
-    from transformers import LlamaConfig
-
-    LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
-                num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                max_position_embeddings=8192, rope_theta=500000.0,
-                tie_word_embeddings=False).save_pretrained(folder)
-    return folder
-
-
-def test_planner_plans_a_hugging_face_config(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture) -> None:
-    """A Hugging Face model (its folder or its config.json) is planned as its config says, at
-    the training length and batch given, and its flag line passes the trainer's validation."""
-    from transformers import Qwen3MoeConfig
-
-    folder = _hf_llama(tmp_path / "llama")
-    base, ref = resolve(str(folder / "config.json"), "a100-80gb", 16, 64, None, 8, 2048)
-    assert ref is None and base.global_batch == 64
-    assert (base.num_layers, base.hidden, base.ffn_hidden, base.heads, base.kv_heads, base.vocab,
-            base.seq_length) == (16, 2048, 5632, 16, 4, 32000, 2048)
-    assert base.swiglu and base.untie_embeddings and base.position_embedding == "rope"
-    plan_main(["--model", str(folder), "--gpus", "16", "--hardware", "a100-80gb",
-               "--global-batch", "64", "--seq-length", "2048", "--top", "1"])
-    flags = next(line for line in capsys.readouterr().out.splitlines()
-                 if line.startswith("best flags: ")).split()[2:]
-    cfg = config_from_namespace(build_parser().parse_args(flags), 16)
-    validate(cfg)
-    m = cfg.model
-    assert (m.seq_length, m.max_position_embeddings, m.rotary_base, m.query_groups,
-            cfg.precision.bf16) == (2048, 8192, 500000, 4, True)
-    Qwen3MoeConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-                   num_key_value_heads=4, head_dim=128, moe_intermediate_size=256,
-                   num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, vocab_size=32000,
-                   tie_word_embeddings=False).save_pretrained(tmp_path / "moe")
-    moe, _ = resolve(str(tmp_path / "moe"), "h100-sxm", 16, 64, None, 8, 4096)
-    assert (moe.num_experts, moe.moe_topk, moe.moe_ffn_hidden, moe.head_dim) == (32, 4, 256, 128)
-    assert moe.qk_layernorm
-
-
-@pytest.mark.parametrize("extra,said", [
-    (["--global-batch", "64"], "has no training length or batch: give --seq-length and"),
-    (["--seq-length", "2048"], "has no training length or batch: give --seq-length and"),
-    (["--global-batch", "64", "--seq-length", "16384"],
-     "--max-position-embeddings (8192) is smaller than --seq-length (16384)"),
-])
-def test_planner_on_a_hugging_face_config_says_what_is_missing(
-        extra: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    folder = _hf_llama(tmp_path / "llama")
-    with pytest.raises(SystemExit) as exc:
-        plan_main(["--model", str(folder), "--gpus", "16", "--hardware", "a100-80gb", *extra])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
-
-
-def test_planner_refuses_a_hugging_face_model_it_cannot_express(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    (tmp_path / "bert").mkdir()
-    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(SystemExit) as exc:
-        plan_main(["--model", str(tmp_path / "bert"), "--gpus", "8", "--hardware", "h100-sxm",
-                   "--global-batch", "8", "--seq-length", "512"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1 and "model type 'bert' has no" in err[0], err
-
-
 def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
     """Nodes of 4 (an A100 cluster such as Perlmutter's): TP 8 leaves the node and pays for it."""
     plan_main(["--model", "launch/configs/gpt-10b.sh", "--gpus", "16", "--hardware",
@@ -353,46 +163,6 @@ def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
     in_nodes_of_8 = predict_run(replace(tp8, gpus_per_node=8))
     in_nodes_of_4 = predict_run(tp8)
     assert in_nodes_of_4.breakdown["tp_comm"] > 2 * in_nodes_of_8.breakdown["tp_comm"]
-
-
-def test_planner_on_a_config_bash_cannot_source_is_one_line(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
-    (tmp_path / "mine.sh").write_text("CONFIG_ARGS=(\n  --num-layers 2\n")  # unclosed
-    with pytest.raises(SystemExit) as exc:
-        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "8", "--hardware",
-                   "a100-80gb"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1 and "could not source it" in err[0], err
-
-
-def test_planner_names_the_config_whose_flags_are_bad(tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture) -> None:
-    (tmp_path / "mine.sh").write_text("CONFIG_ARGS=(--num-layers 2 --no-such-flag)\n")
-    with pytest.raises(SystemExit) as exc:
-        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "8", "--hardware",
-                   "a100-80gb"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith(f"plan_run: launch config {tmp_path / 'mine.sh'}: error: "), err
-    assert "--no-such-flag" in err[0], err
-
-
-@pytest.mark.parametrize("flag", ["--optimizer-cpu-offload",
-                                  "--reduce-scatter-with-fp32-accumulation",
-                                  "--num-distributed-optimizer-instances 2 --no-save"])
-def test_planner_refuses_optimizer_options_it_does_not_time(flag: str, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture) -> None:
-    """Each needs a ZeRO-1 layout; planned as if unset, the 10B's best (ZeRO-3) flag line with
-    the option would fail the trainer's validation."""
-    config = Path("launch/configs/gpt-10b.sh").read_text()
-    (tmp_path / "mine.sh").write_text(config.replace("--loss-spike-action skip",
-                                                     f"--loss-spike-action skip {flag}"))
-    with pytest.raises(SystemExit) as exc:
-        plan_main(["--model", str(tmp_path / "mine.sh"), "--gpus", "16", "--hardware",
-                   "a100-80gb"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1, err
-    assert f"sets {flag.split()[0]}: the step model does not time" in err[0], err
 
 
 def test_planner_says_its_hopper_mfu_is_optimistic(capsys: pytest.CaptureFixture) -> None:
@@ -589,48 +359,6 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(
     err = capsys.readouterr()
     assert exc.value.code == 2 and f"argument --json: {tmp_path}: Is a directory" in err.err
     assert "PREDICTION" not in err.out
-
-
-def _own_config(tmp_path: Path, extra: str) -> str:
-    """A user's launch config beside none of launch/configs/: gpt-10b.sh plus `extra`."""
-    text = (ROOT / "launch/configs/gpt-10b.sh").read_text().replace("--bf16", f"--bf16 {extra}")
-    path = tmp_path / "my-model.sh"
-    path.write_text(text)
-    return str(path)
-
-
-def test_planner_takes_a_users_config_in_its_own_precision(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
-    """A config outside launch/configs/ is read at the GPU count asked for, and planned in its
-    precision: FP8 with the trainer's recipe, refused in one line on a GPU without FP8."""
-    for extra, recipe in (("--fp8-format hybrid", "delayed"),
-                          ("--fp8-format hybrid --fp8-recipe tensorwise", "current")):
-        base, ref = resolve(_own_config(tmp_path, extra), "h100-sxm", 16, None, None)
-        assert (base.precision, base.fp8_recipe, base.fp8_params) == ("fp8", recipe, False)
-        assert ref is not None and (ref.tp, ref.pp, ref.dp) == (4, 2, 2)
-    plain, _ = resolve(_own_config(tmp_path, ""), "h100-sxm", 16, None, None)
-    assert plain.precision == "bf16"
-    assert predict_run(replace(ref, precision="fp8")).step_time_s < \
-        predict_run(replace(ref, precision="bf16")).step_time_s
-    for gpu, extra, said in (("a100-80gb", "--fp8-format hybrid", "has no tensor cores for"),
-                             ("h100-sxm", "--fp8-format hybrid --fp8-recipe blockwise",
-                              "--fp8-recipe blockwise")):
-        with pytest.raises(SystemExit) as exc:
-            plan_main(["--model", _own_config(tmp_path, extra), "--gpus", "16", "--hardware",
-                       gpu])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert exc.value.code == 2 and len(err) == 1 and said in err[0], err
-
-
-@pytest.mark.parametrize("run", [DENSE, MOE], ids=["dense", "moe"])
-def test_stage_tensor_limit_counts_the_tensors_the_replay_builds(run: dict) -> None:
-    """`runspec`'s limit on a stage's weight tensors counts what `workload` builds per layer."""
-    r = run_from_dict(run)
-    w = sync_workload(r, link_profile(GPUS[r.gpu]))
-    layers = r.num_layers // r.pp
-    ops = stage_backward(w.model, w.layout, 1)  # the last stage; its loss has no tensors here
-    built = sum(len(op.grads) for op in ops if op.name.startswith("layer"))
-    assert built == layers * stage_tensors_per_layer(r)
 
 
 def test_planner_says_whether_a_missing_layout_did_not_fit_or_does_not_exist() -> None:
