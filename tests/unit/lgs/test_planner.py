@@ -89,9 +89,9 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
                                                          gpu: str) -> None:
     base, _ = resolve(model, gpu, gpus, None, None)
     cands = candidates(base)
-    seen = set()
+    seen, known = set(), {}
     for kind, where in KINDS.items():
-        for est in best_of(cands, 1, where):
+        for est in best_of(cands, 1, where, known):
             seen.add(kind)
             plan = with_thresholds(est, [64])
             argv = best_flags(model, base, plan).split()
