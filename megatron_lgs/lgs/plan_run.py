@@ -37,6 +37,7 @@ from megatron_lgs.lgs.planner import (
     candidates,
     layouts,
     lgs_applies,
+    memory,
     threshold_sweep,
     with_thresholds,
 )
@@ -250,8 +251,7 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     for line in refused:
         print(f"# {line}")
     if not top:
-        print("no layout fits in memory", file=sys.stderr)
-        raise SystemExit(2)
+        _fail(f"no layout fits in memory; {_leanest(unfit)}")
     print(f"{'rank':>4} {'layout':<48} {'step s':>8} {'MFU':>6} {'mem GB':>6} "
           f"{'LGS MB':>11} {'LGS step':>8} {'spread':>7}")
     # The full 8..256 MB grid for the best (and the config's layout); a 3 x 3 subset of it for
@@ -294,6 +294,15 @@ def main(argv: list[str] | None = None) -> list[Plan]:
     if a.out_dir:
         write_heatmaps(a.out_dir, a.model, lgs_best, ref)
     return plans
+
+
+def _leanest(unfit: list[Run]) -> str:
+    """The layout that needs the least memory, and how much more than a GPU has: how far the
+    model is from fitting on these GPUs."""
+    lean = min(unfit, key=lambda r: memory(r).peak_bytes)
+    m = memory(lean)
+    return (f"the leanest, {describe(lean)}, needs {m.peak_bytes / 1e9:.1f} GB a GPU of the "
+            f"{m.limit_bytes / 1e9:.1f} GB the model leaves usable")
 
 
 def _write(path: Path, text: str) -> None:

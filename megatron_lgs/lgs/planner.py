@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from megatron_lgs.lgs.grid import GRID_MB
 from megatron_lgs.lgs.runcheck import RunError, check_run
 from megatron_lgs.lgs.runspec import Run
-from megatron_lgs.lgs.stepmemory import estimate_memory
+from megatron_lgs.lgs.stepmemory import MemoryEstimate, estimate_memory
 from megatron_lgs.lgs.stepmodel import StepEstimate, compute_phase, predict_run, stage_params
 from megatron_lgs.lgs.timeline import MB, Thresholds
 
@@ -112,8 +112,12 @@ def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[R
                             yield r
 
 
+def memory(r: Run) -> MemoryEstimate:
+    return estimate_memory(r, stage_params(r))
+
+
 def fits(r: Run) -> bool:
-    return estimate_memory(r, stage_params(r)).fits
+    return memory(r).fits
 
 
 Candidate = tuple[float, int, Run]

@@ -28,6 +28,7 @@ from megatron_lgs.lgs.planner import (
     best_of,
     candidates,
     fits,
+    memory,
     model_flags,
     with_thresholds,
 )
@@ -391,3 +392,21 @@ def test_planner_searches_share_their_predictions() -> None:
     assert best_of(cands, 1, known=known) == best[:1] and len(known) == replayed
     shared = questions(cands, best[0], base, known=known)
     assert len(known) > replayed and shared == questions(cands, best[0], base)
+
+
+def test_planner_says_how_far_a_model_is_from_fitting(capsys: pytest.CaptureFixture) -> None:
+    """Where no layout fits, the one-line error names the layout that needs the least memory
+    and how much: the 100B on 16 A100 needs more than a GPU has in every layout."""
+    with pytest.raises(SystemExit) as exc:
+        plan_main(["--model", "gpt-100b", "--gpus", "16", "--hardware", "a100-80gb",
+                   "--global-batch", "64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    said = re.search(r"no layout fits in memory; the leanest, (.*), needs ([\d.]+) GB a GPU of "
+                     r"the ([\d.]+) GB", err[0])
+    assert said, err
+    base, _ = resolve("gpt-100b", "a100-80gb", 16, 64, None)
+    unfit: list = []
+    assert candidates(base, unfit) == [] and unfit
+    leanest = min(memory(r).peak_bytes for r in unfit)
+    assert float(said.group(2)) == round(leanest / 1e9, 1) > float(said.group(3))
