@@ -240,8 +240,6 @@ def main(argv: list[str] | None = None) -> list[Plan]:
               f"{base.global_batch} (TP x PP x CP x DP = GPUs, DP x micro-batch | batch)")
     unfit: list[Run] = []
     cands = candidates(base, unfit)
-    known: dict[Run, StepEstimate] = {}
-    top = best_of(cands, a.top, known=known)
     print(f"# {LABEL}")
     for caveat in caveats(a.hardware, base):
         print(f"# {caveat}")
@@ -250,8 +248,11 @@ def main(argv: list[str] | None = None) -> list[Plan]:
           f"{len(cands)} layouts fit in memory")
     for line in refused:
         print(f"# {line}")
-    if not top:
+    if not cands:
         _fail(f"no layout fits in memory; {_leanest(unfit)}")
+    sys.stdout.flush()  # the header before the search, which takes minutes on thousands of GPUs
+    known: dict[Run, StepEstimate] = {}
+    top = best_of(cands, a.top, known=known)
     print(f"{'rank':>4} {'layout':<48} {'step s':>8} {'MFU':>6} {'mem GB':>6} "
           f"{'LGS MB':>11} {'LGS step':>8} {'spread':>7}")
     # The full 8..256 MB grid for the best (and the config's layout); a 3 x 3 subset of it for
