@@ -29,13 +29,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
-from megatron_lgs.run_config import Config
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron pads the vocabulary so each tensor-parallel shard has a round size."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
+from megatron_lgs.run_config import Config, padded_vocab_size
 
 
 def fused_softmax_kernels_available() -> bool:

@@ -25,10 +25,10 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from megatron_lgs import checkpointing, model_record
 from megatron_lgs.convert.errors import ConvertError
-from megatron_lgs.model import build_model, padded_vocab_size
+from megatron_lgs.model import build_model
 from megatron_lgs.model_record import ModelRecord
 from megatron_lgs.platform import get_platform
-from megatron_lgs.run_config import Config, ConfigError, PrecisionConfig
+from megatron_lgs.run_config import Config, ConfigError, PrecisionConfig, padded_vocab_size
 from megatron_lgs.run_state import RunState
 
 

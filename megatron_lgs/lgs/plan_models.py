@@ -20,6 +20,7 @@ from megatron_lgs.lgs.planner import Plan, layout_flags, model_flags
 from megatron_lgs.lgs.runcheck import RunError, check_run
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.workload import pipeline_split
+from megatron_lgs.run_config import padded_vocab_size
 
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.
@@ -116,12 +117,12 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     config as BF16, what GPUs train in). The GPUs are taken to run Transformer Engine, so RoPE
     is fused unless the config says --no-rope-fusion (`megatron_lgs.model.rope_fusion`)."""
     m, par, t, o = cfg.model, cfg.parallel, cfg.training, cfg.optim
-    div = m.make_vocab_size_divisible_by
     pr = cfg.precision
     precision = "fp8" if pr.fp8_format else "fp16" if pr.fp16 else "bf16"
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
                  heads=m.num_attention_heads, kv_heads=m.query_groups, head_dim=m.head_dim,
-                 vocab=-(-cfg.data.vocab_size // div) * div, seq_length=m.seq_length,
+                 vocab=padded_vocab_size(cfg.data.vocab_size, m.make_vocab_size_divisible_by, 1),
+                 seq_length=m.seq_length,
                  swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
                  moe_ffn_hidden=m.moe_ffn_hidden_size or 0,
                  untie_embeddings=m.untie_embeddings_and_output_weights,

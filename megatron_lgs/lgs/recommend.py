@@ -107,7 +107,7 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
                         profile: str | HardwareProfile | None = None,
                         efficiency: float | None = None) -> Workload:
     """`workload_for` with the numbers of a trainer `Config` (vocabulary padded as Megatron)."""
-    from megatron_lgs.model import padded_vocab_size
+    from megatron_lgs.run_config import padded_vocab_size
 
     m, par, t = cfg.model, cfg.parallel, cfg.training
     dp = par.data_parallel_size

@@ -156,7 +156,7 @@ def _check_node_groups(r: Run) -> None:
     gpn = min(r.gpus_per_node, r.num_gpus)
     groups = [("dp", r.dp * r.cp, r.tp)]
     if r.num_experts:
-        groups.append(("ep", r.tp * r.cp * r.dp // (r.ep * r.etp), r.ep * r.etp))
+        groups.append(("ep", r.expert_dp, r.ep * r.etp))
     for field, size, inner in groups:
         if group_ranks_per_node(size, inner, gpn) is None:
             raise RunError(field, f"a data-parallel group of {size} ranks, {gpn // inner} a "

@@ -207,6 +207,11 @@ class Run:
     def expert_ffn(self) -> int:
         return self.moe_ffn_hidden or self.ffn_hidden
 
+    @property
+    def expert_dp(self) -> int:
+        """The expert layers' data-parallel size: the GPUs of a stage over EP x expert TP."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
 
 REQUIRED = ("id", "gpu", "num_gpus", "num_layers", "hidden", "heads", "vocab", "seq_length",
             "tp", "pp", "micro_batch", "global_batch")

@@ -54,7 +54,7 @@ def grad_bytes(r: Run) -> int:
 
 def states_bytes(r: Run, dense_params: float, expert_params: float) -> float:
     dp = r.dp * r.cp
-    edp = r.tp * r.cp * r.dp // (r.ep * r.etp) if r.num_experts else 1
+    edp = r.expert_dp if r.num_experts else 1
     params = dense_params + expert_params
     sharded = dense_params / dp + expert_params / edp
     # ZeRO 3 holds the gathered weights of the layer in use and of the one prefetched.
