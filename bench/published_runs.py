@@ -255,16 +255,16 @@ def layout_ranking(source: str, base: dict, runs: list[tuple[str, str, float, di
     how many pairs of layouts the model orders as the source measured them."""
     print(f"\n## outside the table: ranking layouts, {source} (step time s; error: "
           "published / predicted - 1, positive where the model is too fast)")
-    ranked, steps = [], []
+    steps = []
     for label, code, published, fields in runs:
         run = run_from_dict({**base, "id": label, **fields})
         est = predict_run(run)
-        ranked.append((published, est.step_time_s))
         steps.append((label, fields, published, est.step_time_s))
         fit = "" if est.fits_memory else ", does not fit"
         print(f"{label:<36} {code:<15} published {published:>5.1f}  predicted "
               f"{est.step_time_s:>5.1f}  error {published / est.step_time_s - 1:+7.1%}{fit}  "
               f"{layout_label(run)}; {dominant_terms(est)}")
+    ranked = [(published, predicted) for _, _, published, predicted in steps]
     pairs = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if a[0] != b[0]]
     same = sum((a[0] < b[0]) == (a[1] < b[1]) for a, b in pairs)
     print(f"pairs of layouts ordered as published: {same} of {len(pairs)} (ties left out)")
