@@ -28,7 +28,7 @@ def layer_flops_per_token(r: Run) -> tuple[float, float]:
 
 
 def logits_flops_per_token(r: Run) -> float:
-    return 6.0 * r.hidden * r.vocab
+    return 6.0 * r.hidden * r.padded_vocab
 
 
 def model_flops_per_step(r: Run, causal: bool = False) -> float:

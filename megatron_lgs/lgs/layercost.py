@@ -294,9 +294,9 @@ def logits_cost(r: Run, gpu: GpuProfile) -> Cost:
     c = Cost()
     tok = r.micro_batch * r.seq_length / r.cp
     precision = "bf16" if r.precision == "fp8" else r.precision
-    f, b = gemm_fwd_bwd(tok, r.vocab / r.tp, r.hidden, gpu, precision)
+    f, b = gemm_fwd_bwd(tok, r.padded_vocab / r.tp, r.hidden, gpu, precision)
     c.fwd["gemm"], c.bwd["gemm"] = f, b
-    ce = tok * r.vocab / r.tp * 4
+    ce = tok * r.padded_vocab / r.tp * 4
     c.fwd["elementwise"] = memory_time(CE_PASSES_FWD * ce, gpu)
     c.bwd["elementwise"] = memory_time(CE_PASSES_BWD * ce, gpu)
     return c

@@ -20,7 +20,7 @@ from megatron_lgs.lgs.planner import Plan, layout_flags, model_flags
 from megatron_lgs.lgs.runcheck import RunError, check_run
 from megatron_lgs.lgs.runspec import Run, layout_fields, model_fields
 from megatron_lgs.lgs.workload import pipeline_split
-from megatron_lgs.run_config import padded_vocab_size
+from megatron_lgs.run_config import ModelConfig
 
 # What the planner chooses (`planner.layout_flags`): a launch config's own values of these are
 # replaced, its other flags (model, optimizer, schedule) kept.
@@ -42,7 +42,9 @@ def _preset(name: str) -> tuple[dict, dict]:
     from megatron_lgs.lgs.simulate import PRESETS
 
     m, lay = PRESETS[name]
-    return model_fields(m), layout_fields(m, lay)
+    # The flag line runs the trainer, which pads the vocabulary by its default.
+    return ({**model_fields(m), "make_vocab_size_divisible_by":
+             ModelConfig.make_vocab_size_divisible_by}, layout_fields(m, lay))
 
 
 def _config_name(spec: str) -> tuple[str, Path]:
@@ -121,7 +123,8 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
     precision = "fp8" if pr.fp8_format else "fp16" if pr.fp16 else "bf16"
     model = dict(num_layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_size,
                  heads=m.num_attention_heads, kv_heads=m.query_groups, head_dim=m.head_dim,
-                 vocab=padded_vocab_size(cfg.data.vocab_size, m.make_vocab_size_divisible_by, 1),
+                 vocab=cfg.data.vocab_size,
+                 make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
                  seq_length=m.seq_length,
                  swiglu=m.swiglu, num_experts=m.num_experts or 0, moe_topk=m.moe_router_topk,
                  moe_ffn_hidden=m.moe_ffn_hidden_size or 0,

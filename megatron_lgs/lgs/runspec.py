@@ -78,7 +78,10 @@ keeps, Megatron's FP32 main weight and two FP32 Adam moments; NeMo 1's distribut
 Apex's DistributedFusedAdam, keeps 10 with its FP32 default beside BF16 weights, the main
 weights' low 16 bits only (`store_param_remainders`), 4 with `dtype: bf16` and BF16 weights
 (BF16 moments; the weights serve as main), 6 with `dtype: bf16` and FP8 weights (a BF16 main
-copy), 12 with FP32 and FP8 weights; see `stepmemory` and `gradbuffer`).
+copy), 12 with FP32 and FP8 weights; see `stepmemory` and `gradbuffer`), and
+make_vocab_size_divisible_by (null: vocab is the embedding's rows as given; N: vocab is the
+tokenizer's, padded to a multiple of N x TP as Megatron-LM's --make-vocab-size-divisible-by
+does, `Run.padded_vocab`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ from megatron_lgs.lgs.workload import (
     layer_split,
     pipeline_split,
 )
+from megatron_lgs.run_config import padded_vocab_size
 
 # The model keeps lists per stage and per model chunk and replays each stage's schedule: 1024
 # stages, or 4096 chunks, take ~1 s on 2 cores, 4096 stages ~27 s. The published runs of
@@ -168,6 +172,9 @@ class Run:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     moe_dispatcher: str = "alltoall"
     optimizer_state_bytes: int = 12
+    # 0: `vocab` is the padded size; N: the tokenizer's, padded to a multiple of N x TP as
+    # Megatron-LM's --make-vocab-size-divisible-by does (the planner's runs, which vary TP).
+    make_vocab_size_divisible_by: int = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -194,6 +201,12 @@ class Run:
     @property
     def num_micro_batches(self) -> int:
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def padded_vocab(self) -> int:
+        """The embedding's and output layer's rows: `vocab` padded as the trainer pads it."""
+        div = self.make_vocab_size_divisible_by
+        return padded_vocab_size(self.vocab, div, self.tp) if div else self.vocab
 
     @property
     def q_dim(self) -> int:

@@ -162,7 +162,7 @@ def activation_bytes(r: Run, stage: int) -> float:
         act += full  # the layer being recomputed
     tok = r.micro_batch * r.seq_length / r.cp
     if stage == r.pp - 1:
-        act += tok * r.vocab / r.tp * 4 * 2  # FP32 logits and their gradient
+        act += tok * r.padded_vocab / r.tp * 4 * 2  # FP32 logits and their gradient
     return act
 
 

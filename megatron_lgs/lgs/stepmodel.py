@@ -215,7 +215,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
             chunk = stage_layers[k] / r.vpp
             c.fwd["pp_p2p"] = r.vpp * max(0.0, one - chunk * layer.fwd_s)
             c.bwd["pp_p2p"] = r.vpp * max(0.0, one - chunk * layer.bwd_s)
-        embedding = r.vocab * r.hidden / r.tp if k == 0 else 0.0
+        embedding = r.padded_vocab * r.hidden / r.tp if k == 0 else 0.0
         c.bwd["grad_buffer"] = memory_time(accumulate_bytes(r, dense + expert, embedding), gpu)
         out.append(c)
     return out
@@ -224,7 +224,7 @@ def stage_costs(r: Run, gpu: GpuProfile, hw: HardwareProfile) -> list[Cost]:
 def sync_workload(r: Run, hw: HardwareProfile) -> Workload:
     """The LGS replay's view of the run (its DP group is data x context ranks)."""
     model = ModelConfig(num_layers=r.num_layers, hidden=r.hidden, ffn_hidden=r.ffn_hidden,
-                        num_heads=r.heads, vocab=r.vocab, seq_length=r.seq_length,
+                        num_heads=r.heads, vocab=r.padded_vocab, seq_length=r.seq_length,
                         num_query_groups=r.kv_heads, swiglu=r.swiglu,
                         num_experts=r.num_experts, moe_topk=r.moe_topk,
                         moe_ffn_hidden=r.moe_ffn_hidden or None,
@@ -316,7 +316,8 @@ def tied_embedding_sync(r: Run, hw: HardwareProfile) -> float:
     before the optimizer, on the whole vocab x hidden / tp main-grad slice."""
     if r.pp == 1 or r.untie_embeddings:
         return 0.0
-    return ring_allreduce_time(r.vocab * r.hidden / r.tp * grad_bytes(r), 2, pipeline_link(r, hw))
+    return ring_allreduce_time(r.padded_vocab * r.hidden / r.tp * grad_bytes(r), 2,
+                               pipeline_link(r, hw))
 
 
 def layer_gemm_weights(r: Run) -> tuple[int, int]:
@@ -338,7 +339,7 @@ def stage_params(r: Run) -> list[tuple[float, float]]:
         dense, expert = attn + h + h * r.num_experts, mlp
     else:
         dense, expert = attn + 2 * h + mlp, 0
-    emb = r.vocab * h // r.tp
+    emb = r.padded_vocab * h // r.tp
     out = []
     for k, per in enumerate(r.stage_layers):
         d = per * dense + (emb if k == 0 else 0)

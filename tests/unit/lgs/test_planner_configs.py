@@ -13,6 +13,7 @@ from megatron_lgs.arguments import build_parser, config_from_namespace
 from megatron_lgs.lgs.plan_models import resolve
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.stepmodel import predict_run
+from megatron_lgs.run_config import padded_vocab_size
 from megatron_lgs.validation import validate
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,6 +51,11 @@ def test_planner_plans_a_hugging_face_config(tmp_path: Path,
     m = cfg.model
     assert (m.seq_length, m.max_position_embeddings, m.rotary_base, m.query_groups,
             cfg.precision.bf16) == (2048, 8192, 500000, 4, True)
+    # The model's embedding is the one the trainer builds from those flags, at any TP.
+    for tp in (1, 4, 8):
+        assert replace(base, tp=tp).padded_vocab == padded_vocab_size(
+            cfg.data.vocab_size, m.make_vocab_size_divisible_by, tp)
+    assert replace(base, tp=8).padded_vocab == 32768
     Qwen3MoeConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                    num_key_value_heads=4, head_dim=128, moe_intermediate_size=256,
                    num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, vocab_size=32000,

@@ -116,6 +116,21 @@ def test_attention_tile_factor_against_published_h100_measurements() -> None:
         assert abs(model / published - 1) < (0.02 if s >= 2048 else 0.07), (s, model, published)
 
 
+def test_vocabulary_padded_per_tensor_parallel_size_by_hand() -> None:
+    """With Megatron-LM's divisor the model pads the vocabulary to divisor x TP, as the trainer
+    builds its embedding, and counts the padded rows in the logits' FLOPs (as Megatron-LM's
+    MFU does); without it the vocabulary is taken as given."""
+    h, tokens = 4096, 256 * 2048
+    given = run(num_gpus=8, tp=4, pp=1, vocab=32000)
+    padded = run(num_gpus=8, tp=4, pp=1, vocab=32000, make_vocab_size_divisible_by=128)
+    assert given.padded_vocab == 32000
+    assert padded.padded_vocab == 32256  # 128 x 4 = 512; 32000 / 512 = 62.5 -> 63 x 512
+    assert run(num_gpus=8, tp=1, pp=1, vocab=32000,
+               make_vocab_size_divisible_by=128).padded_vocab == 32000
+    assert model_flops_per_step(padded) - model_flops_per_step(given) == pytest.approx(
+        tokens * 6 * h * 256)
+
+
 def test_context_parallel_attention_is_never_faster_per_token() -> None:
     """The same tokens per GPU as CP2 at micro-batch 2 and CP1 at micro-batch 1: the same
     FLOPs, but CP's ring blocks are smaller, so its attention is slower (the planner used
