@@ -84,7 +84,9 @@ def ring_allreduce_time(n: float, p: int, link: Link) -> float:
 
 
 def reduce_scatter_time(n: float, p: int, link: Link) -> float:
-    """Ring reduce-scatter of n bytes (input size) over p ranks: (p-1) alpha + (p-1)/p n/B."""
+    """Ring reduce-scatter of n bytes (input size) over p ranks: (p-1) alpha + (p-1)/p n/B.
+    NCCL has no tree for reduce-scatter or all-gather; its PAT algorithm (2.23) runs only with
+    one GPU a node (NVIDIA/nccl#1473), so with several a node rings are what it runs."""
     _check(p, n)
     return (p - 1) * link.alpha_s + (p - 1) / p * n / link.bandwidth_Bps
 
