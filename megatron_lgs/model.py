@@ -29,7 +29,8 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
-from megatron_lgs.run_config import Config, padded_vocab_size
+from megatron_lgs.run_config import Config
+from megatron_lgs.vocab_padding import padded_vocab_size
 
 
 def fused_softmax_kernels_available() -> bool:

@@ -12,12 +12,6 @@ from megatron_lgs.lgs.config import LgsConfig
 from megatron_lgs.stability import StabilityConfig
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron pads the vocabulary so each tensor-parallel shard has a round size."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
-
-
 class ConfigError(ValueError):
     """A flag combination that cannot run; the message is one line, addressed to the user."""
 

@@ -28,8 +28,9 @@ from megatron_lgs.convert.errors import ConvertError
 from megatron_lgs.model import build_model
 from megatron_lgs.model_record import ModelRecord
 from megatron_lgs.platform import get_platform
-from megatron_lgs.run_config import Config, ConfigError, PrecisionConfig, padded_vocab_size
+from megatron_lgs.run_config import Config, ConfigError, PrecisionConfig
 from megatron_lgs.run_state import RunState
+from megatron_lgs.vocab_padding import padded_vocab_size
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from megatron_lgs.lgs.grid import GRID_MB, preference, sweep
 from megatron_lgs.lgs.hardware import resolve_profile
 from megatron_lgs.lgs.timeline import MB, StepPrediction, Workload
 from megatron_lgs.lgs.workload import Layout, ModelConfig, pipeline_split
+from megatron_lgs.vocab_padding import padded_vocab_size
 
 if TYPE_CHECKING:  # run_config imports this package for the --lgs flags: no import cycle
     from megatron_lgs.run_config import Config
@@ -107,8 +108,6 @@ def workload_for_config(cfg: Config, gpus_per_node: int,
                         profile: str | HardwareProfile | None = None,
                         efficiency: float | None = None) -> Workload:
     """`workload_for` with the numbers of a trainer `Config` (vocabulary padded as Megatron)."""
-    from megatron_lgs.run_config import padded_vocab_size
-
     m, par, t = cfg.model, cfg.parallel, cfg.training
     dp = par.data_parallel_size
     w = workload_for(

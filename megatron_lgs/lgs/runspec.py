@@ -100,7 +100,7 @@ from megatron_lgs.lgs.workload import (
     layer_split,
     pipeline_split,
 )
-from megatron_lgs.run_config import padded_vocab_size
+from megatron_lgs.vocab_padding import padded_vocab_size
 
 # The model keeps lists per stage and per model chunk and replays each stage's schedule: 1024
 # stages, or 4096 chunks, take ~1 s on 2 cores, 4096 stages ~27 s. The published runs of

@@ -58,6 +58,17 @@ def test_planner_fits_and_beats_the_config_layout(model: str, gpus: int,
     for q in ("ZeRO-2 vs ZeRO-3", "TP inside a node", "slower inter-node network",
               "bucket thresholds"):
         assert q in out
+    for a, b, gain in re.findall(r"^answer: .* (\d+\.\d+) s vs .* (\d+\.\d+) s: \S+ ([^;\n]*)",
+                                 out, re.MULTILINE):
+        ratio = max(float(a), float(b)) / min(float(a), float(b))
+        # A gain under 2x as a percentage, from 2x as a ratio (the 100B's TP16: 4.21x).
+        if m := re.fullmatch(r"(\d+\.\d\d)x faster", gain):
+            assert ratio >= 1.99 and float(m[1]) == pytest.approx(ratio, abs=0.01), (gain, a, b)
+        else:
+            m = re.fullmatch(r"faster by (\d+\.\d)%", gain)
+            assert m and ratio < 2.01, (gain, a, b)
+            assert float(m[1]) / 100 == pytest.approx(ratio - 1, abs=0.002), (gain, a, b)
+    assert model != "gpt-100b" or re.search(r"across: inside .*: inside \d\.\d\dx faster", out)
 
 
 KINDS = {"ZeRO-0": lambda r: r.zero == 0, "ZeRO-1": lambda r: r.zero == 1,
@@ -157,7 +168,7 @@ def test_planner_takes_the_nodes_size(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert "16 x a100-40gb (4 a node)" in out, out
     assert re.search(r"TP inside a node \(<= 4\) vs across: inside .* vs across TP8 .*: inside "
-                     r"faster", out), out
+                     r"(faster by|\d+\.\d\dx faster)", out), out
     base, _ = resolve("launch/configs/gpt-10b.sh", "a100-40gb", 16, None, None,
                       gpus_per_node=4)
     tp8 = replace(base, tp=8, etp=8, dp=2, sequence_parallel=True)

@@ -13,8 +13,8 @@ from megatron_lgs.arguments import build_parser, config_from_namespace
 from megatron_lgs.lgs.plan_models import resolve
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.stepmodel import predict_run
-from megatron_lgs.run_config import padded_vocab_size
 from megatron_lgs.validation import validate
+from megatron_lgs.vocab_padding import padded_vocab_size
 
 ROOT = Path(__file__).resolve().parents[3]
 
