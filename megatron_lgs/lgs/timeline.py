@@ -331,12 +331,15 @@ def _chunk_windows(w: Workload, th: Thresholds, k: int, bwd_end: float, tb: floa
     for i in reversed(range(vpp)):  # chunk 0 (runs last) first
         end = bwd_end - w.layout.pp * after
         c = vpp - 1 - i
+        # A chunk whose ops have no FLOPs (a stage holding only the embedding, whose gradient
+        # is a scatter-add) has them ready when its backward ends, not when it starts.
+        start = end - length[i] if flops[i] else end
         if apex:
             late = 0.0 if c == 0 else k * length[i + 1]  # chunk c - 1's backwards
-            window = (chunks[i], end - length[i], th, None if vpp == 1 and k == 0 else late)
+            window = (chunks[i], start, th, None if vpp == 1 and k == 0 else late)
         else:
             bucketed = bucket_all or (k == 0 and c == 0)
-            window = (chunks[i], end - length[i], th if bucketed else ONE_BUCKET, None)
+            window = (chunks[i], start, th if bucketed else ONE_BUCKET, None)
         windows.append(window)
         after += length[i]
     return windows[::-1]

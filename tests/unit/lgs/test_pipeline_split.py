@@ -191,3 +191,19 @@ def test_a_split_the_run_gives_is_not_second_guessed() -> None:
         run_from_dict({**given, "num_layers": 7, "pp": 16, "vpp": None,
                        "account_for_embedding_in_pipeline_split": None})
     assert err.value.field == "num_layers"
+
+
+def test_a_stage_holding_only_the_embedding_syncs_after_its_backward() -> None:
+    """Two layers on four stages: the first holds only the embedding, whose gradient (a
+    scatter-add, no FLOPs) is ready when that stage's last backward ends, so the step ends no
+    sooner than the compute does and its terms sum to it (the replay had it ready when that
+    backward started, and the step 22 ms before the compute's end)."""
+    r = run_from_dict({**RUN, "id": "empty-first", "num_layers": 2, "vpp": None,
+                       "num_gpus": 32, "global_batch": 64})
+    assert r.layer_split() == [[0], [1], [1], [0]]
+    est = predict_run(r)
+    first = est.sync.stages[0]
+    assert first.backward_end_s == pytest.approx(est.sync.compute_end_s)
+    assert all(b.ready_s >= first.backward_end_s for b in first.buckets)
+    assert est.sync.step_time_s >= est.sync.compute_end_s
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s, rel=1e-12)

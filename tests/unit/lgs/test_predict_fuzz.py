@@ -39,7 +39,7 @@ def _well_formed(rng: random.Random) -> dict[str, Any]:
     heads = rng.choice([16, 32, 64])
     run = {"id": "w", "gpu": rng.choice(["v100-32gb", "a100-80gb", "h100-sxm", "h800", "h200"]),
            "num_gpus": tp * pp * cp * dp, "gpus_per_node": rng.choice([None, 4, 8]),
-           "num_layers": rng.choice([8, 24, 32, 126]), "hidden": heads * 128, "heads": heads,
+           "num_layers": rng.choice([2, 8, 24, 32, 126]), "hidden": heads * 128, "heads": heads,
            "kv_heads": rng.choice([heads, 8]), "vocab": rng.choice([32000, 50257]),
            "seq_length": rng.choice([2048, 4096]), "tp": tp, "pp": pp, "cp": cp,
            "vpp": rng.choice([None, 2]), "micro_batch": rng.choice([1, 2]),
