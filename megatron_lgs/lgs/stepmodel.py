@@ -382,9 +382,14 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
             c.bwd["dp_grad_sync"] = earlier * nccl_beside(rs, bwd_s, gpu)
             if r.zero >= 3:
                 # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
+                # In a backward the gathers and the reduce-scatters cross the same links, so
+                # they hide behind its compute together, not each behind all of it (which had
+                # full recompute predict some network-bound steps faster than none).
                 ag = _gather_time(w, hw, numel)
                 c.fwd["param_all_gather"] = nccl_beside(ag, fwd_s, gpu)
-                c.bwd["param_all_gather"] = nccl_beside(ag, bwd_s, gpu)
+                alone = nccl_beside(ag, bwd_s, gpu)
+                c.bwd["param_all_gather"] = alone
+                c.bwd["dp_grad_sync"] = earlier * (nccl_beside(rs + ag, bwd_s, gpu) - alone)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = (r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
