@@ -376,20 +376,21 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
             # Sharded gradients cannot accumulate: every micro-batch's backward reduce-scatters
             # them. The last one's reduction is the replay's (its tail and SM share); the
             # m - 1 before it run beside their backward, spread here over the m micro-batches.
-            rs = _gather_time(w, hw, numel) * grad_bytes(r) / 2
+            gather = _gather_time(w, hw, numel)  # the BF16 weights' all-gather
+            rs = gather * grad_bytes(r) / 2
+            # ZeRO 3 also gathers the weights before each micro-batch's forward and backward.
+            # In a backward the gathers and the reduce-scatters cross the same links, so they
+            # hide behind its compute together, not each behind all of it (which had full
+            # recompute predict some network-bound steps faster than none); ZeRO 2's is the
+            # same with no gather (nccl_beside of nothing is nothing).
+            ag = gather if r.zero >= 3 else 0.0
             fwd_s, bwd_s = c.fwd_s, c.bwd_s
             earlier = (r.num_micro_batches - 1) / r.num_micro_batches
-            c.bwd["dp_grad_sync"] = earlier * nccl_beside(rs, bwd_s, gpu)
-            if r.zero >= 3:
-                # ZeRO 3 gathers the weights before each micro-batch's forward and backward.
-                # In a backward the gathers and the reduce-scatters cross the same links, so
-                # they hide behind its compute together, not each behind all of it (which had
-                # full recompute predict some network-bound steps faster than none).
-                ag = _gather_time(w, hw, numel)
+            alone = nccl_beside(ag, bwd_s, gpu)
+            c.bwd["dp_grad_sync"] = earlier * (nccl_beside(rs + ag, bwd_s, gpu) - alone)
+            if ag:
                 c.fwd["param_all_gather"] = nccl_beside(ag, fwd_s, gpu)
-                alone = nccl_beside(ag, bwd_s, gpu)
                 c.bwd["param_all_gather"] = alone
-                c.bwd["dp_grad_sync"] = earlier * (nccl_beside(rs + ag, bwd_s, gpu) - alone)
     per_mb = [c.fwd_s + c.bwd_s for c in costs]
     crit = max(range(r.pp), key=lambda k: per_mb[k])
     end = (r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
