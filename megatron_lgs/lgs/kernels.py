@@ -86,10 +86,18 @@ def sm_contention(compute_s: float, comm_s: float, gpu: GpuProfile, sms: int) ->
     return min(compute_s + comm_s * f, compute_s / (1.0 - f)) - compute_s
 
 
+def beside(comm_s: float, compute_s: float, gpu: GpuProfile, sms: int) -> float:
+    """What a communication kernel of `comm_s` holding `sms` SMs adds to `compute_s` of work
+    launched beside it: the work ends late by the SMs the kernel takes from it while both run
+    (`sm_contention`), and the pair ends when the later of the two does. (The sum of the
+    kernel's overhang and the SMs' toll, as the model charged until 2026-12-07, counted the
+    work's slowdown a second time where the kernel outlasts the work and hides it.)"""
+    return max(comm_s - compute_s, sm_contention(compute_s, comm_s, gpu, sms))
+
+
 def nccl_beside(comm_s: float, compute_s: float, gpu: GpuProfile) -> float:
-    """What an NCCL collective of `comm_s` launched beside `compute_s` of work adds to it: the
-    part that outlasts the work, and the SMs its CTAs take from the work while both run."""
-    return max(0.0, comm_s - compute_s) + sm_contention(compute_s, comm_s, gpu, NCCL_COMM_SMS)
+    """`beside` for an NCCL collective, whose CTAs hold `NCCL_COMM_SMS` SMs."""
+    return beside(comm_s, compute_s, gpu, NCCL_COMM_SMS)
 
 
 def tp_collective_time(kind: str, nbytes: float, p: int, link) -> float:

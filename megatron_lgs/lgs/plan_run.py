@@ -53,7 +53,7 @@ LABEL = "PREDICTION (whole-step model, not a measurement)"
 HOPPER = ("h100-sxm", "h800", "h200")
 HOPPER_CAVEAT = ("Hopper: 80 of the 83 published H100 runs of bench/published_runs.py "
                  "(2023-2026, BF16 and FP8) were slower than this model predicts, by a median "
-                 "11% (BF16 8%, FP8 11%), and all 3 H200 runs (2025, FP8) by 5-11%; NVIDIA's "
+                 "11% (BF16 8%, FP8 12%), and all 3 H200 runs (2025, FP8) by 5-11%; NVIDIA's "
                  "recipes of 2024 that ran in both precisions gained 3-14% less from FP8 than "
                  "it predicts. Their GEMM and "
                  "attention kernels, measured on an H200, run at its times "
@@ -63,7 +63,7 @@ HOPPER_CAVEAT = ("Hopper: 80 of the 83 published H100 runs of bench/published_ru
                  "of 2024-11 ran within 3% of it on 256 and 512 GPUs; that of 2023-11, from "
                  "512 to 10752 GPUs, paid ~30 ms a step less than it predicts besides its "
                  "micro-batches, and its Llama 3.1 405B of 2025-06, from 512 to 8192 GPUs, "
-                 "~180 ms a step more (from 512 to 2048 GPUs ~150 ms a step; the same software "
+                 "~180 ms a step more (from 512 to 2048 GPUs ~160 ms a step; the same software "
                  "on 512 and 1024 H200 at TP4 ~40 ms a step). Do not take its MFU as "
                  "a promise, and rank layouts by it with care: of one MoE model's published H100 "
                  "layouts (Qwen3-235B) it orders 4 of 9 pairs as measured")

@@ -26,7 +26,8 @@ reduce-scatters and all-reduces stay BF16):
   (tp - 1) / tp of the GEMM hides the exchange; the row forward's reduce-scatter is pipelined
   in 4 splits, the last split's share exposed; the column backward's all-gather and
   reduce-scatter overlap in bulk with the whole data- and weight-gradient GEMMs. The pipelined
-  and bulk kernels hold 16 SMs beside their GEMM (`sm_contention`).
+  and bulk kernels hold 16 SMs beside their GEMM, which ends late by them or, where the
+  collective outlasts it, hides behind it (`kernels.beside`).
 
 Every time is a prediction.
 """
@@ -35,7 +36,13 @@ from __future__ import annotations
 
 from megatron_lgs.lgs.costmodel import HardwareProfile
 from megatron_lgs.lgs.gpus import GpuProfile
-from megatron_lgs.lgs.kernels import gemm_time, nccl_beside, sm_contention, tp_collective_time
+from megatron_lgs.lgs.kernels import (
+    beside,
+    gemm_time,
+    nccl_beside,
+    sm_contention,
+    tp_collective_time,
+)
 from megatron_lgs.lgs.runspec import Run
 
 # TE 1.8 `initialize_ub`: pipelined reduce-scatter splits; its userbuffers kernels for the
@@ -103,11 +110,10 @@ def tp_comm_exposed(r: Run, gpu: GpuProfile, hw: HardwareProfile, tok: float,
     hidden = (r.tp - 1) / r.tp  # ring exchange: all chunks but the first hide the exchange
     s = UB_PIPELINE_SPLITS
     fwd = (sum(_beside(ag, f * hidden) for f, _, _ in column)
-           + sum(rs / s + (s - 1) / s * _beside(rs, f) for f, _, _ in row)
-           + sum(sm_contention(f, rs, gpu, UB_COMM_SMS) for f, _, _ in row))
+           + sum(rs / s + max((s - 1) / s * _beside(rs, f), sm_contention(f, rs, gpu, UB_COMM_SMS))
+                 for f, _, _ in row))
     bwd = (sum(_beside(ag, d * hidden) for _, d, _ in row)
-           + sum(_beside(ag, d) + _beside(rs, w) for _, d, w in column)
-           + sum(sm_contention(d, ag, gpu, UB_COMM_SMS) + sm_contention(w, rs, gpu, UB_COMM_SMS)
+           + sum(beside(ag, d, gpu, UB_COMM_SMS) + beside(rs, w, gpu, UB_COMM_SMS)
                  for _, d, w in column))
     return fwd, bwd
 

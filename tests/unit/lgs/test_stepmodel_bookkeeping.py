@@ -49,17 +49,18 @@ def test_layer_tp_comm_with_te_overlap_by_hand() -> None:
     rs = reduce_scatter_time(tok * h * 2, t, hw.intra)
     s = UB_PIPELINE_SPLITS
     # Forward: ring-exchange all-gathers hide behind 7 of the 8 GEMM chunks; the pipelined
-    # reduce-scatters expose their last split and whatever outlasts the GEMM; the pipelined
-    # kernels' 16 SMs slow the row-parallel GEMMs.
+    # reduce-scatters expose their last split, and beyond it whichever ends later: what
+    # outlasts the GEMM, or the row-parallel GEMM slowed by the pipelined kernels' 16 SMs.
+    def later(comm_over: float, gemm: float, comm: float) -> float:
+        return max(comm_over, sm_contention(gemm, comm, H100, UB_COMM_SMS))
+
     fwd = (sum(max(0.0, ag - p[0] * 7 / 8) for p in (qkv, fc1))
-           + sum(rs / s + (s - 1) / s * max(0.0, rs - p[0]) for p in (proj, fc2))
-           + sum(sm_contention(p[0], rs, H100, UB_COMM_SMS) for p in (proj, fc2)))
+           + sum(rs / s + later((s - 1) / s * max(0.0, rs - p[0]), p[0], rs)
+                 for p in (proj, fc2)))
     # Backward: the row data gradients' ring exchanges, the column bulk all-gather beside the
     # data gradient and reduce-scatter beside the weight gradient (with their 16 SMs).
     bwd = (sum(max(0.0, ag - p[1] * 7 / 8) for p in (proj, fc2))
-           + sum(max(0.0, ag - p[1]) + max(0.0, rs - p[2]) for p in (qkv, fc1))
-           + sum(sm_contention(p[1], ag, H100, UB_COMM_SMS)
-                 + sm_contention(p[2], rs, H100, UB_COMM_SMS) for p in (qkv, fc1)))
+           + sum(later(ag - p[1], p[1], ag) + later(rs - p[2], p[2], rs) for p in (qkv, fc1)))
     c = layer_cost(r, H100, hw)
     assert c.fwd["gemm"] == pytest.approx(sum(p[0] for p in (qkv, proj, fc1, fc2)))
     assert c.fwd["tp_comm"] == pytest.approx(fwd) and c.bwd["tp_comm"] == pytest.approx(bwd)
