@@ -376,14 +376,12 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
             # Sharded gradients cannot accumulate: every micro-batch's backward reduce-scatters
             # them. The last one's reduction is the replay's (its tail and SM share); the
             # m - 1 before it run beside their backward, spread here over the m micro-batches.
-            gather = _gather_time(w, hw, numel)  # the BF16 weights' all-gather
-            rs = gather * grad_bytes(r) / 2
             # ZeRO 3 also gathers the weights before each micro-batch's forward and backward.
             # In a backward the gathers and the reduce-scatters cross the same links, so they
             # hide behind its compute together, not each behind all of it (which had full
             # recompute predict some network-bound steps faster than none); ZeRO 2's is the
             # same with no gather (nccl_beside of nothing is nothing).
-            ag = gather if r.zero >= 3 else 0.0
+            ag, rs = _sharded_traffic(r, w, hw, numel)
             fwd_s, bwd_s = c.fwd_s, c.bwd_s
             earlier = (r.num_micro_batches - 1) / r.num_micro_batches
             alone = nccl_beside(ag, bwd_s, gpu)
@@ -396,6 +394,28 @@ def compute_phase(r: Run, hw: HardwareProfile | None = None) -> tuple[list[Cost]
     end = (r.num_micro_batches * per_mb[crit] + (sum(per_mb) - per_mb[crit]) / r.vpp
            + interleaved_fill_latency(r, hw) + fp8_weight_cache(r, gpu))
     return costs, end, crit
+
+
+def _sharded_traffic(r: Run, w: Workload, hw: HardwareProfile,
+                     numel: dict[str, float]) -> tuple[float, float]:
+    """(the BF16 weights' all-gather, the gradients' reduce-scatter) of one stage's `numel`
+    parameters in each micro-batch's backward under ZeRO 2/3 (no gather in ZeRO 2)."""
+    gather = _gather_time(w, hw, numel)
+    return (gather if r.zero >= 3 else 0.0), gather * grad_bytes(r) / 2
+
+
+def _sync_cover(r: Run, w: Workload, hw: HardwareProfile, costs: list[Cost],
+                numel: list[dict[str, float]]) -> list[float]:
+    """Per stage, the stretch of the last backward that the replay's gradient reductions
+    can hide behind. Under ZeRO 2/3 the links carry that backward's weight gathers and (the
+    spread share of) the earlier micro-batches' reductions too, so the reductions hide only
+    behind the compute those leave: with the whole backward as cover, the last micro-batch's
+    reductions ran on links its gathers held, and a network-bound ZeRO-3 step came out one
+    gather short (fewer micro-batches a step made each one cheaper)."""
+    if r.zero < 2:
+        return [c.bwd_s for c in costs]
+    return [c.bwd_s - c.bwd["dp_grad_sync"] - _sharded_traffic(r, w, hw, n)[0]
+            for c, n in zip(costs, numel, strict=True)]
 
 
 def workload_compute(w: Workload) -> tuple[list[float], list[float], float]:
@@ -429,7 +449,7 @@ def predict_run(r: Run, thresholds: Thresholds | None = None, *,
     if thresholds is None:
         thresholds = own if r.overlap_grad_reduce else ONE_BUCKET
     own_engine = thresholds == own
-    sync = replay(w, thresholds, [c.fwd_s for c in costs], [c.bwd_s for c in costs],
+    sync = replay(w, thresholds, [c.fwd_s for c in costs], _sync_cover(r, w, hw, costs, numel),
                   compute_end, bucket_later_stages=not own_engine, pipelined_hops=lgs,
                   vpp=r.vpp if own_engine or lgs else 1,
                   apex=own_engine and r.dfa_bucket_cap_mb > 0)
