@@ -97,6 +97,8 @@ def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
     _add(g, "--norm-epsilon", m.norm_epsilon, help="epsilon of every LayerNorm/RMSNorm")
     _add(g, "--qk-layernorm", m.qk_layernorm, help="normalize each query and key head")
     _add(g, "--swiglu", m.swiglu)
+    _add(g, "--openai-gelu", m.openai_gelu, help="GELU's tanh approximation, as OpenAI's GPT-2 "
+         "computes it (Hugging Face's gelu_new); default the exact, erf GELU")
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false")
     _add(g, "--add-qkv-bias", m.add_qkv_bias, help="biases on the query, key and value "
          "projections only (with --disable-bias-linear)")

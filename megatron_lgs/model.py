@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron_lgs.context_parallel import use_context_parallel_attention
 from megatron_lgs.init_weights import initialize_layout_independent
 from megatron_lgs.platform import Platform
-from megatron_lgs.run_config import Config
+from megatron_lgs.run_config import Config, ModelConfig
 from megatron_lgs.vocab_padding import padded_vocab_size
 
 
@@ -60,10 +61,30 @@ def params_dtype(cfg: Config) -> torch.dtype:
         else torch.float32
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation: OpenAI's GPT-2 (Hugging Face's `gelu_new`), --openai-gelu."""
+    return F.gelu(x, approximate="tanh")
+
+
+def mlp_activation(m: ModelConfig, on_gpu: bool) -> tuple[Callable, bool]:
+    """(activation_func, bias_activation_fusion) of megatron-core's MLP. Its fused bias-GeLU
+    (`fusions.fused_bias_gelu`, which the MLP takes whenever the fusion is on and the
+    activation is F.gelu) computes the tanh approximation, so it serves --openai-gelu alone:
+    the exact GELU runs unfused on a GPU as on a CPU, and a model computes the function its
+    flags name, and exports as, wherever it runs. (Until 2026-12-07 a GELU model's GPU runs
+    took the fused kernel, so trained the tanh form and exported it as the exact one.)"""
+    if m.swiglu:
+        return F.silu, False
+    if m.openai_gelu and on_gpu and m.add_bias_linear:
+        return F.gelu, True
+    return (gelu_tanh if m.openai_gelu else F.gelu), False
+
+
 def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
     m, par = cfg.model, cfg.parallel
     dtype = params_dtype(cfg)
     on_gpu = platform.is_cuda
+    activation_func, fused_activation = mlp_activation(m, on_gpu)
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -80,7 +101,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         layernorm_epsilon=m.norm_epsilon,
         qk_layernorm=m.qk_layernorm,
         gated_linear_unit=m.swiglu,
-        activation_func=F.silu if m.swiglu else F.gelu,
+        activation_func=activation_func,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
         context_parallel_size=par.context_parallel_size,
@@ -128,7 +149,7 @@ def transformer_config(cfg: Config, platform: Platform) -> TransformerConfig:
         # model without linear biases; the persistent layer norm is Apex's, and the torch norm
         # of the local spec asserts it off (TE's norm does not read it).
         masked_softmax_fusion=on_gpu and fused_softmax_kernels_available(),
-        bias_activation_fusion=on_gpu and not m.swiglu and m.add_bias_linear,
+        bias_activation_fusion=fused_activation,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=rope_fusion(cfg, platform),
         gradient_accumulation_fusion=False,

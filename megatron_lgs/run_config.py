@@ -36,6 +36,7 @@ class ModelConfig:
     norm_epsilon: float = 1e-5  # Qwen: 1e-6
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
     swiglu: bool = False
+    openai_gelu: bool = False  # GELU's tanh approximation (GPT-2's gelu_new), not the exact one
     add_bias_linear: bool = True
     add_qkv_bias: bool = False  # biases on Q, K and V only (Qwen2), beside --disable-bias-linear
     untie_embeddings_and_output_weights: bool = False

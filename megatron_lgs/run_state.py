@@ -38,14 +38,24 @@ class RunState:
 # always had.
 _ZERO_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in (
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy")}
+# Model flags added after runs were saved: at their default they are left out, so a run saved
+# before keeps its fingerprint.
+_ADDED_MODEL_DEFAULTS = {"openai_gelu": False}
 
 
 def config_fingerprint(cfg: Config) -> str:
     """Hash of the settings that decide the numbers a step produces. A resume that changes
     them is not a continuation of the same run (use --finetune to load the weights anyway).
     Run length, logging and checkpoint paths are free to change."""
-    relevant = {
-        "model": cfg.model,
+    text = json.dumps(fingerprinted(cfg), sort_keys=True, default=lambda o: asdict(o))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprinted(cfg: Config) -> dict:
+    """The settings `config_fingerprint` hashes."""
+    return {
+        "model": {k: v for k, v in asdict(cfg.model).items()
+                  if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]},
         "precision": cfg.precision,
         "optim": {**{k: v for k, v in asdict(cfg.optim).items()
                      if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
@@ -54,5 +64,3 @@ def config_fingerprint(cfg: Config) -> str:
         "global_batch_size": cfg.training.global_batch_size,
         "vocab_size": cfg.data.vocab_size,
     }
-    text = json.dumps(relevant, sort_keys=True, default=lambda o: asdict(o))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -62,6 +62,8 @@ def validate(cfg: Config) -> None:
     if not m.rope_scaling_factor >= 1:
         raise ConfigError(f"--rope-scaling-factor must be at least 1, got "
                           f"{m.rope_scaling_factor}")
+    if m.openai_gelu and m.swiglu:
+        raise ConfigError("--openai-gelu picks the GELU of a GELU MLP; --swiglu has none")
     if m.kv_channels is not None and m.kv_channels < 1:
         raise ConfigError(f"--kv-channels must be at least 1, got {m.kv_channels}")
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:

@@ -43,10 +43,13 @@ from megatron_lgs.run_config import ModelConfig
 # parameters but the factor; an HF config with other values would rotate differently.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
-MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU + biases, multi-head attention), "
+MAPPED = ("GPT-2 (learned positions + LayerNorm + GELU, exact or tanh, + biases, multi-head "
+          "attention), "
           "Llama (RoPE + RMSNorm + SwiGLU), Qwen2 (Llama's with Q/K/V biases only), "
           "Qwen3 (Llama's with query/key norms, no biases), "
           "Mixtral (Llama's with MoE experts, no biases), Qwen3-MoE (Qwen3's with MoE experts)")
+# transformers' names of GELU's tanh approximation (--openai-gelu): GPT-2's own, and torch's.
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 # Families whose layers carry per-head query/key norms, and whose MLPs are experts.
 QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
@@ -148,7 +151,8 @@ def hf_config(m: ModelConfig, vocab: int, eod_id: int | None, dtype: str) -> Pre
                   tie_word_embeddings=s.tied, dtype=dtype)
     if kind == "gpt2":
         return GPT2Config(n_positions=max_positions, n_embd=s.hidden, n_layer=s.layers,
-                          n_head=s.heads, n_inner=s.ffn, activation_function="gelu",
+                          n_head=s.heads, n_inner=s.ffn,
+                          activation_function="gelu_new" if m.openai_gelu else "gelu",
                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                           layer_norm_epsilon=m.norm_epsilon, **common)
     llama = dict(hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
@@ -283,15 +287,17 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
                            f"mapping; mapped are {MAPPED}")
     if kind == "gpt2":
         c = config
-        _require(c.activation_function == "gelu", "gpt2", f"activation_function "
-                 f"{c.activation_function!r} (the trainer's GELU is the exact, erf one: 'gelu')")
+        _require(c.activation_function in ("gelu", *TANH_GELU), "gpt2", f"activation_function "
+                 f"{c.activation_function!r} (the trainer's GELUs are the exact one, 'gelu', and "
+                 f"its tanh approximation, {' or '.join(map(repr, TANH_GELU))}: --openai-gelu)")
         _require(not c.scale_attn_by_inverse_layer_idx and c.scale_attn_weights, "gpt2",
                  "attention scaled other than by 1/sqrt(head_dim)")
         return ModelConfig(
             num_layers=c.n_layer, hidden_size=c.n_embd, ffn_hidden_size=_ffn(c.n_inner, c.n_embd),
             num_attention_heads=c.n_head, seq_length=c.n_positions,
             norm_epsilon=c.layer_norm_epsilon, hidden_dropout=0.0, attention_dropout=0.0,
-            untie_embeddings_and_output_weights=not c.tie_word_embeddings)
+            untie_embeddings_and_output_weights=not c.tie_word_embeddings,
+            openai_gelu=c.activation_function in TANH_GELU)
     c = config
     rope = c.rope_parameters or {}
     theta = float(rope.get("rope_theta", ModelConfig.rotary_base))

@@ -39,6 +39,8 @@ ROPE = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--sw
 SPREAD = ["--init-method-std", "0.2"]
 ARCHS = {
     "gpt2": [],  # learned positions + LayerNorm + GELU + biases, tied
+    # OpenAI's GPT-2 itself: GELU's tanh approximation (transformers' gelu_new).
+    "gpt2-tanh": ["--openai-gelu", *SPREAD],
     # Llama 3.1's RoPE: period 500000 (transformers' rope_theta), low frequencies scaled by
     # 32 as Llama 3.2 1B/3B scale them (rope_type "llama3").
     "llama": [*ROPE, "--disable-bias-linear", "--untie-embeddings-and-output-weights",
@@ -146,12 +148,21 @@ def test_logit_parity(name, sources, exported):
     report(f"HF export {name}: max |logit difference| {difference:.1e} (limit 1e-4)")
     assert difference < 1e-4
     assert mine.std().item() > 1e-2  # a real signal, not two zero tensors
-    expected = {"gpt2": "GPT2LMHeadModel", "moe": "MixtralForCausalLM",
+    expected = {"gpt2": "GPT2LMHeadModel", "gpt2-tanh": "GPT2LMHeadModel",
+                "moe": "MixtralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "qwen3moe": "Qwen3MoeForCausalLM"}.get(
         name, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
-    if name != "gpt2":  # GPT-2's config has no head_dim or RoPE
+    if name == "gpt2-tanh":  # the exact GELU in its place moves the logits
+        assert hf.config.activation_function == "gelu_new"
+        exact = AutoModelForCausalLM.from_pretrained(
+            exported[name], activation_function="gelu", local_files_only=True).eval()
+        with torch.no_grad():
+            moved = (exact(tokens).logits - theirs).abs().max().item()
+        report(f"HF export gpt2-tanh with the exact GELU: logits move {moved:.1e}")
+        assert moved > 5e-4  # five times the parity limit above
+    if not name.startswith("gpt2"):  # GPT-2's config has no head_dim or RoPE
         wide = name.startswith(("gqa", "qwen3"))
         assert hf.config.head_dim == (32 if wide else 64 // 4)
         rope = hf.config.rope_parameters
@@ -233,11 +244,13 @@ def run_losses(save: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["event"] == "train"]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gqa", "moe", "qwen2", "qwen3", "qwen3moe"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-tanh", "gqa", "moe", "qwen2", "qwen3",
+                                  "qwen3moe"])
 def test_import_gives_back_every_tensor(name, runs, exported, world, tmp_path):
     imported = import_hf.from_hf(exported[name], tmp_path / "ckpt")
     (original, record), (back, back_record) = _ours(runs[name]), _ours(imported)
     assert back_record.model.num_experts == record.model.num_experts
+    assert back_record.model.openai_gelu == (name == "gpt2-tanh")
     mine, theirs = (checkpoint_io.full_state_dict(m) for m in (original, back))
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(t, theirs[k]) for k, t in mine.items())

@@ -42,6 +42,7 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--global-batch-size", "10", "--micro-batch-size", "4"], 1, "--global-batch-size (10)"),
     (["--global-batch-size", "8", "--micro-batch-size", "4"], 4, "data-parallel size"),
     (["--bf16", "--fp16"], 1, "mutually exclusive"),
+    (["--openai-gelu", "--swiglu"], 1, "--openai-gelu picks the GELU of a GELU MLP"),
     (["--lr-warmup-iters", "500", "--train-iters", "100"], 1, "warmup"),
     (["--lr-decay-style", "WSD"], 1, "--lr-wsd-decay-iters"),
     (["--sequence-parallel"], 1, "--sequence-parallel needs"),

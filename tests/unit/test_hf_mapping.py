@@ -90,7 +90,7 @@ def _mixtral(**kwargs) -> MixtralConfig:
 
 @pytest.mark.parametrize("config, reason", [
     (OPTConfig(), "model type 'opt'"),
-    (GPT2Config(), "gelu_new"),
+    (GPT2Config(activation_function="relu"), "activation_function 'relu'"),
     (_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.5}), "an integer"),
     (_llama(rope_parameters={"rope_type": "linear", "rope_theta": 500000.0, "factor": 8.0}),
      "unscaled or scaled as Llama 3.1's"),
@@ -118,7 +118,8 @@ def test_import_refuses(config, reason):
                                    replace(LLAMA, kv_channels=64, rotary_base=500000),
                                    LLAMA31, replace(QWEN3, use_rope_scaling=True), QWEN3_MOE,
                                    replace(MIXTRAL, kv_channels=16, norm_epsilon=1e-6),
-                                   replace(GPT2, norm_epsilon=1e-6), QWEN2, QWEN3])
+                                   replace(GPT2, norm_epsilon=1e-6),
+                                   replace(GPT2, openai_gelu=True), QWEN2, QWEN3])
 def test_config_round_trip(model):
     """Our flags -> transformers config -> our flags is the identity (dropout aside)."""
     config = hf_mapping.hf_config(model, 512, 0, "float32")
@@ -132,6 +133,15 @@ def test_import_takes_rope_theta_and_norm_epsilon():
     assert (m.rotary_base, m.norm_epsilon) == (500000, 1e-6)
     gpt2 = GPT2Config(activation_function="gelu", layer_norm_epsilon=1e-6)
     assert hf_mapping.model_config_from_hf(gpt2).norm_epsilon == 1e-6
+
+
+@pytest.mark.parametrize("activation, tanh", [("gelu", False), ("gelu_new", True),
+                                              ("gelu_pytorch_tanh", True)])
+def test_gpt2_gelu_imports_as_computed(activation, tanh):
+    """OpenAI's GPT-2 (`gelu_new`, GPT2Config's default) and torch's tanh GELU import as
+    --openai-gelu, the exact GELU as the default."""
+    config = GPT2Config(activation_function=activation)
+    assert hf_mapping.model_config_from_hf(config).openai_gelu is tanh
 
 
 def test_rope_scaling_rotates_as_transformers():
