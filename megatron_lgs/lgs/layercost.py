@@ -43,6 +43,8 @@ TERMS = ("gemm", "attention", "elementwise", "host_overhead", "recompute", "tp_c
 # 2 norms, the activation, 2 dropouts, 2 residual adds. Plus the layer's TP collectives
 # (`tpcomm.tp_collectives`) when tp > 1, and its rotary embeddings' (ROPE_KERNELS).
 LAYER_KERNELS_FWD, LAYER_KERNELS_BWD = 10, 16
+# An unfused bias-GeLU launches the bias add apart (`Run.bias_gelu_fusion`).
+UNFUSED_BIAS_GELU_KERNELS = 1
 # Fused vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, as in
 # r0.8): forward casts the BF16 logits to FP32 (0.5 read + 1 write, in units of the FP32
 # logits), max (1), subtract the max in place (2), exp in place (2), sum (1), divide in place
@@ -99,7 +101,8 @@ def _dense_mlp(r: Run, gpu: GpuProfile, tok: float
     f1 = tp_gemm_parts(r, tok, f * mats / t, h, gpu, column=True)
     f2 = tp_gemm_parts(r, tok, h, f / t, gpu, column=False)
     # GeLU: read + write forward, read 2 + write 1 backward; SwiGLU: 3 forward, 5 backward.
-    fp, bp = (3, 5) if r.swiglu else (2, 3)
+    # An unfused GeLU adds its bias in a pass of its own (read + write).
+    fp, bp = (3, 5) if r.swiglu else (2 if r.bias_gelu_fusion else 4, 3)
     act = tok * f / t * 2
     return f1, f2, fp * act, bp * act
 
@@ -138,7 +141,8 @@ def _host_bound(r: Run, c: Cost) -> None:
     """
     coll = tp_collectives(r)
     rope = ROPE_KERNELS[r.rope_fusion] if r.position_embedding == "rope" else (0, 0)
-    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD + rope[0], coll[0]),
+    bias = 0 if r.swiglu or r.bias_gelu_fusion else UNFUSED_BIAS_GELU_KERNELS
+    for times, kernels, n in ((c.fwd, LAYER_KERNELS_FWD + rope[0] + bias, coll[0]),
                               (c.bwd, LAYER_KERNELS_BWD + rope[1], coll[1])):
         host = (kernels + n) * HOST_S_PER_KERNEL
         times["host_overhead"] = max(0.0, host - sum(times.values()))

@@ -131,6 +131,9 @@ def trainer_run_fields(cfg, num_gpus: int) -> tuple[dict, dict]:
                  untie_embeddings=m.untie_embeddings_and_output_weights,
                  position_embedding=m.position_embedding_type, qk_layernorm=m.qk_layernorm,
                  rope_fusion=m.apply_rope_fusion,
+                 # The trainer fuses a GELU's bias add only for the tanh form
+                 # (`megatron_lgs.model.mlp_activation`).
+                 bias_gelu_fusion=m.swiglu or m.openai_gelu or not m.add_bias_linear,
                  dropout=max(m.hidden_dropout, m.attention_dropout), precision=precision)
     if precision == "fp8":  # BF16 weights: the trainer has no FP8 parameters
         model.update(fp8_recipe=_fp8_recipe(pr.fp8_recipe), fp8_params=False,

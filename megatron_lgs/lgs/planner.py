@@ -199,6 +199,8 @@ def model_flags(r: Run) -> list[str]:
         f.append(f"--kv-channels {r.head_dim}")
     if r.swiglu:
         f.append("--swiglu")
+    elif r.bias_gelu_fusion:  # the fused bias-GeLU the plan times is the trainer's tanh GELU
+        f.append("--openai-gelu")
     if r.untie_embeddings:
         f.append("--untie-embeddings-and-output-weights")
     if r.num_experts:

@@ -60,8 +60,12 @@ key head, Qwen3's, --qk-layernorm), position_embedding (learned_absolute, Megatr
 --position-embedding-type default; rope: rotary embeddings applied to every query and key,
 charged as element-wise passes; none), rope_fusion (true, Megatron-LM's default: Transformer
 Engine's fused kernel; false, its --no-rope-fusion: megatron-core's unfused torch ops; read only
-with rope), dropout (0.1, Megatron-LM's --hidden-dropout and --attention-dropout; Llama, Qwen
-and Mixtral recipes set 0.0, which keeps no dropout masks: memory only, see `stepmemory`),
+with rope), bias_gelu_fusion (true, Megatron-LM's default: a GELU MLP's bias add and activation
+in one kernel, megatron-core's fused bias-GeLU; false: two, one more read and write of FC1's
+output forward, as Megatron-LM's --no-bias-gelu-fusion and this trainer's exact GELU run them;
+read only without swiglu), dropout (0.1, Megatron-LM's --hidden-dropout and
+--attention-dropout; Llama, Qwen and Mixtral recipes set 0.0, which keeps no dropout masks:
+memory only, see `stepmemory`),
 recompute_modules (Megatron-LM's --recompute-modules, read with recompute "selective"; its
 default ["core_attn"]; the modules modelled are core_attn, moe (the whole MoE block, its
 all-to-alls included), moe_act (each routed token's expert activation, recomputed before its
@@ -168,6 +172,7 @@ class Run:
     qk_layernorm: bool = False
     position_embedding: str = "learned_absolute"
     rope_fusion: bool = True
+    bias_gelu_fusion: bool = True
     dropout: float = 0.1
     recompute_modules: tuple[str, ...] = ("core_attn",)
     moe_dispatcher: str = "alltoall"
@@ -357,6 +362,7 @@ def inert_fields(d: dict[str, Any], r: Run) -> list[str]:
         "sequence_parallel": r.tp == 1, "tp_comm_overlap": r.tp == 1,
         "tp_async_backward": r.tp == 1,
         "rope_fusion": r.position_embedding != "rope",
+        "bias_gelu_fusion": r.swiglu,
         "overlap_param_gather": r.zero == 0,
         "overlap_p2p_comm": r.vpp == 1, "p2p_scatter_gather": r.pp == 1,
         "nic_gbit_per_gpu": r.num_gpus <= r.gpus_per_node,

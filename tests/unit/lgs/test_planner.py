@@ -94,6 +94,25 @@ def test_model_flags_carry_the_head_width() -> None:
     assert "--kv-channels" not in " ".join(model_flags(plain))
 
 
+def test_the_gelu_the_plan_times_is_the_one_the_trainer_runs() -> None:
+    """The trainer fuses a GELU MLP's bias add only for the tanh GELU (`--openai-gelu`): a
+    plan that timed the fused kernel asks for it on its flag line, and a trainer config's
+    exact GELU with biases is timed with the bias added apart."""
+    from megatron_lgs.arguments import parse_args
+    from megatron_lgs.lgs.plan_models import trainer_run_fields
+
+    fused = run_from_dict({"id": "g", "gpu": "a100-80gb", "num_gpus": 8, "num_layers": 4,
+                           "hidden": 1024, "heads": 16, "vocab": 32000, "seq_length": 2048,
+                           "tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8})
+    assert "--openai-gelu" in model_flags(fused)
+    assert "--openai-gelu" not in model_flags(replace(fused, bias_gelu_fusion=False))
+    tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+    for flags, want in (([], False), (["--openai-gelu"], True),
+                        (["--disable-bias-linear"], True), (["--swiglu"], True)):
+        cfg = parse_args([*tiny, *flags], world_size=1)
+        assert trainer_run_fields(cfg, 8)[0]["bias_gelu_fusion"] is want, flags
+
+
 @pytest.mark.parametrize("model,gpus,gpu", [("launch/configs/gpt-10b.sh", 64, "h100-sxm"),
                                             ("gpt-100b", 128, "a100-80gb"),
                                             ("gpt-100b-moe", 128, "h100-sxm")])

@@ -70,7 +70,7 @@ INERT = {"fp8_recipe": "current", "fp8_params": False, "tp_only_amax_red": True,
          "async_amax_reduction": True, "moe_topk": 8, "moe_ffn_hidden": 1024,
          "sequence_parallel": True, "tp_comm_overlap": True, "tp_async_backward": False,
          "rope_fusion": False, "overlap_param_gather": False, "overlap_p2p_comm": False,
-         "p2p_scatter_gather": True, "nic_gbit_per_gpu": 25.0}
+         "p2p_scatter_gather": True, "nic_gbit_per_gpu": 25.0, "bias_gelu_fusion": False}
 
 
 def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
@@ -96,6 +96,9 @@ def test_predict_names_the_fields_it_ignored(tmp_path: Path) -> None:
                          ("nic_gbit_per_gpu", 25.0)):
         e = predict_run(run_from_dict({**acting, field: value}))
         assert e.step_time_s != predict_run(run_from_dict(acting)).step_time_s, field
+    gelu = {**acting, "swiglu": False}  # a GELU MLP, whose bias add the fusion takes in
+    assert predict_run(run_from_dict({**gelu, "bias_gelu_fusion": False})).step_time_s > \
+        predict_run(run_from_dict(gelu)).step_time_s
 
 
 @pytest.mark.parametrize("bad,field", [

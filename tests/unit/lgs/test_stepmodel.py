@@ -322,6 +322,11 @@ def test_elementwise_and_unfused_attention_by_hand() -> None:
                                                  / hbm)
     assert c.bwd["elementwise"] == pytest.approx((13 * tok / t * h * 2 + 3 * tok * f / t * 2)
                                                  / hbm)
+    # Unfused bias-GeLU: the bias added in a read and write of FC1's output of its own.
+    apart = layer_cost(replace(r, bias_gelu_fusion=False), A100, hw)
+    assert apart.fwd["elementwise"] - c.fwd["elementwise"] == pytest.approx(
+        2 * tok * f / t * 2 / hbm)
+    assert apart.bwd["elementwise"] == c.bwd["elementwise"]
     u = layer_cost(replace(r, flash_attention=False), A100, hw)
     heads, d, s = 32 / t, h / 32, 2048
     qk = gemm_time(s, s, d, A100, "bf16")
