@@ -70,9 +70,10 @@ def mlp_activation(m: ModelConfig, on_gpu: bool) -> tuple[Callable, bool]:
     """(activation_func, bias_activation_fusion) of megatron-core's MLP. Its fused bias-GeLU
     (`fusions.fused_bias_gelu`, which the MLP takes whenever the fusion is on and the
     activation is F.gelu) computes the tanh approximation, so it serves --openai-gelu alone:
-    the exact GELU runs unfused on a GPU as on a CPU, and a model computes the function its
-    flags name, and exports as, wherever it runs. (Until 2026-12-07 a GELU model's GPU runs
-    took the fused kernel, so trained the tanh form and exported it as the exact one.)"""
+    the exact GELU runs unfused on a GPU as on a CPU, so a model computes the function its
+    flags name wherever it runs, and exports as what it computed. (Until 2026-12-07 a GELU
+    model's GPU runs took the fused kernel: they trained the tanh form and exported the exact
+    one.)"""
     if m.swiglu:
         return F.silu, False
     if m.openai_gelu and on_gpu and m.add_bias_linear:

@@ -52,7 +52,8 @@ def test_zero3_gathers_per_micro_batch() -> None:
     assert costs[0].bwd["param_all_gather"] == pytest.approx(beside(ag, bwd))
     assert costs[0].bwd["dp_grad_sync"] == pytest.approx(
         3 / 4 * (beside(rs + ag, bwd) - beside(ag, bwd)))
-    assert rs + ag > bwd / (1 - 16 / 108)  # the case the shared links change
+    # The shared-links case, the collectives outlasting even the backward their SMs slow.
+    assert rs + ag > bwd / (1 - 16 / 108)
     assert predict_run(r).memory.states_bytes < predict_run(replace(r, zero=1)).memory.states_bytes
 
 
