@@ -17,6 +17,7 @@ from megatron_lgs.lgs.hardware import MEASURED, ProfileError, load_profile
 from megatron_lgs.lgs.tuner import TunerConfig
 from megatron_lgs.lgs.workload import SplitError, layer_split, pipeline_split
 from megatron_lgs.run_config import Config, ConfigError, ModelConfig, OptimizerConfig, warmup_iters
+from megatron_lgs.validation_moe import validate_a2a_overlap, validate_experts
 from megatron_lgs.value_checks import check_blend_weights, check_output_dirs, check_ranges
 
 
@@ -79,33 +80,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"world size ({par.world_size}) must be divisible by TP x PP x CP "
                           f"({tp} x {pp} x {cp})")
     dp = par.data_parallel_size
-    if par.world_size % (par.expert_model_parallel_size * tp * pp) and \
-            par.expert_model_parallel_size > 1:
-        raise ConfigError(f"world size ({par.world_size}) must be divisible by EP x TP x PP")
-    ep = par.expert_model_parallel_size
-    if m.moe_router_topk < 1:
-        raise ConfigError(f"--moe-router-topk must be at least 1, got {m.moe_router_topk}")
-    if m.num_experts is None and ep > 1:
-        raise ConfigError("--expert-model-parallel-size > 1 needs --num-experts")
-    if m.num_experts is not None:
-        if m.num_experts < 1 or m.num_experts % ep:
-            raise ConfigError(f"--num-experts ({m.num_experts}) must be a positive multiple of "
-                              f"--expert-model-parallel-size ({ep})")
-        if not 1 <= m.moe_router_topk <= m.num_experts:
-            raise ConfigError(f"--moe-router-topk ({m.moe_router_topk}) must be in 1.."
-                              f"{m.num_experts}")
-    # megatron-core 0.16.1's TransformerConfig refuses this even on a dense model: a softmax
-    # over the one chosen score has no gradient unless it runs before the top-k
-    # (--moe-router-pre-softmax, which this trainer does not offer) or sinkhorn balances.
-    if m.moe_router_topk == 1 and m.moe_router_load_balancing_type != "sinkhorn":
-        raise ConfigError("--moe-router-topk 1 needs --moe-router-load-balancing-type sinkhorn "
-                          "in megatron-core 0.16.1 (a softmax over one chosen score has no "
-                          "gradient); route to 2 or more experts")
-    if (m.num_experts is not None and m.moe_router_load_balancing_type == "sinkhorn"
-            and m.moe_aux_loss_coeff > 0):
-        raise ConfigError("--moe-router-load-balancing-type sinkhorn balances without an "
-                          "auxiliary loss, and megatron-core 0.16.1 refuses one beside it: add "
-                          "--moe-aux-loss-coeff 0")
+    validate_experts(cfg)
     _validate_split(cfg)
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise ConfigError(f"--global-batch-size ({t.global_batch_size}) must be divisible by "
@@ -116,7 +91,7 @@ def validate(cfg: Config) -> None:
                           f"--context-parallel-size ({cp}): each CP rank takes two chunks")
     _validate_rampup(cfg)
     _validate_recompute(m, min(_stage_layers(cfg)))
-    _validate_a2a_overlap(cfg)
+    validate_a2a_overlap(cfg)
     if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
         raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                           "(megatron-core's MoE layer refuses to train without it)")
@@ -432,32 +407,17 @@ def _validate_recompute(m: ModelConfig, per_stage: int) -> None:
                               f"(the layers of the smallest pipeline stage)")
 
 
-def _validate_a2a_overlap(cfg: Config) -> None:
-    """What megatron-core 0.16.1's TransformerConfig asserts for the combined 1F1B schedule,
-    said before any process group starts."""
-    m, par = cfg.model, cfg.parallel
-    if not m.overlap_moe_expert_parallel_comm:
-        return
-    flag = "--overlap-moe-expert-parallel-comm"
-    if par.expert_model_parallel_size < 2:
-        raise ConfigError(f"{flag} needs --expert-model-parallel-size > 1")
-    if m.moe_token_dispatcher_type != "alltoall":
-        raise ConfigError(f"{flag} needs --moe-token-dispatcher-type alltoall")
-    if m.recompute_granularity == "full":
-        raise ConfigError(f"{flag} does not run with --recompute-granularity full")
-    if not (cfg.precision.bf16 or cfg.precision.fp16):
-        raise ConfigError(f"{flag} needs --bf16 or --fp16")
-    if par.pipeline_model_parallel_size > 1 and par.virtual_pipeline_size(m.num_layers) is None:
-        raise ConfigError(f"{flag} with --pipeline-model-parallel-size > 1 needs virtual "
-                          "stages (--num-layers-per-virtual-pipeline-stage)")
-
-
 def _validate_zero(cfg: Config) -> None:
     o, par, ckpt = cfg.optim, cfg.parallel, cfg.checkpoint
     if o.data_parallel_sharding_strategy != "no_shard" and not o.use_megatron_fsdp:
         raise ConfigError("--data-parallel-sharding-strategy is a Megatron-FSDP setting: add "
                           "--use-megatron-fsdp (ZeRO-1/2 without it: --use-distributed-optimizer)")
     if o.use_megatron_fsdp:
+        if o.data_parallel_sharding_strategy == "no_shard":
+            raise ConfigError("--use-megatron-fsdp needs --data-parallel-sharding-strategy "
+                              "optim, optim_grads or optim_grads_params (ZeRO-1/2/3): with "
+                              "no_shard megatron-core 0.16.1's optimizer step finds no weight "
+                              "buffer to gather")
         if o.data_parallel_sharding_strategy != "optim_grads_params" and \
                 (ckpt.save or ckpt.load):
             raise ConfigError("--use-megatron-fsdp checkpoints save each rank's shard and are "

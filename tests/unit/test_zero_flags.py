@@ -11,8 +11,10 @@ from tests.forked_ranks import run_ranks
 @pytest.mark.parametrize("argv, env, message", [
     (["--data-parallel-sharding-strategy", "optim_grads_params"], {},
      "--data-parallel-sharding-strategy is a Megatron-FSDP setting"),
-    (["--use-megatron-fsdp"], {}, "checkpoints save each rank's shard"),
-    (["--use-megatron-fsdp", "--no-save", "--tensor-model-parallel-size", "2"],
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim"], {},
+     "checkpoints save each rank's shard"),
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+      "--no-save", "--tensor-model-parallel-size", "2"],
      {"WORLD_SIZE": "2", "RANK": "0"}, "pure data parallelism"),
     (["--use-megatron-fsdp", "--no-save", "--optimizer", "sgd"], {},
      "supports only --optimizer adam"),
