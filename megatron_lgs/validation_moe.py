@@ -1,6 +1,6 @@
-"""The trainer's rules for mixture-of-experts flags (`validation.validate` calls them in its
-order): what megatron-core 0.16.1 would refuse only once the model is built, after the process
-groups start, said before any of them does."""
+"""The trainer's rules for mixture-of-experts flags, which `validation.validate` calls in its
+order. Most are megatron-core 0.16.1's own, which it would raise only once the model is built,
+after the process groups start; here they are said before any of them does."""
 
 from __future__ import annotations
 
