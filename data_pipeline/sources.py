@@ -148,6 +148,13 @@ def _from_value(domain: str, path: Path, source_id: str, line: int, value: objec
     if not isinstance(value, str):
         return Record(domain, source_id, str(path), line, None, "missing_text",
                       f"no string field {text_field!r}")
+    if not value.isascii():
+        try:  # JSON's \ud800-style escapes decode to lone surrogates, which are no text
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return Record(domain, source_id, str(path), line, None, "invalid_utf8",
+                          f"unpaired surrogate {value[exc.start]!r} at character {exc.start} "
+                          "(a JSON escape)")
     return Record(domain, source_id, str(path), line, value)
 
 

@@ -107,6 +107,8 @@ def write_bad_directory(root: Path) -> dict[str, int]:
         b'{"text": "bad byte \xff here, long enough to pass the filters"}',
         json.dumps({"title": "no text field"}).encode(),
         json.dumps({"text": next(good)}).encode(),
+        # Valid JSON whose escape decodes to a lone surrogate, which no UTF-8 text holds.
+        b'{"text": "lone surrogate \\ud800 here, long enough to pass the filters"}',
     ]) + b"\n")
     (root / "invalid.txt").write_bytes(next(good).encode() + b"\nline two \xc3\x28\n")
     (root / "empty.txt").write_bytes(b"")
@@ -123,7 +125,7 @@ def write_bad_directory(root: Path) -> dict[str, int]:
     (root / "cut.tar").write_bytes(tar_bytes({f"c{k}.txt": next(good).encode()
                                               for k in range(3)})[:third])
     (root / "notes.md").write_text("not a supported format")
-    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 2, "malformed_json": 1, "missing_text": 1,
+    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 3, "malformed_json": 1, "missing_text": 1,
             "empty_file": 2, "empty": 1, "too_short": 1, "too_long": 1, "truncated_tar": 2,
             "unsupported_file": 1}
 
