@@ -201,7 +201,20 @@ def _read_parquet(domain: str, path: Path, name: str, opts: ReadOptions) -> Iter
     # Imported here: `datasets` costs about a second to import and only parquet needs it.
     import datasets
     import pyarrow
+    import pyarrow.parquet
 
+    # The footer first: `datasets` logs a broken file's error and its internal schema to
+    # stderr before raising, and reports a missing column as an Arrow error.
+    try:
+        columns = pyarrow.parquet.read_schema(path).names
+    except (pyarrow.ArrowException, OSError) as exc:
+        yield Record(domain, name, str(path), None, None, "unreadable_file",
+                     f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return
+    if opts.text_field not in columns:
+        yield Record(domain, name, str(path), None, None, "missing_text",
+                     f"no column {opts.text_field!r} (columns: {', '.join(columns)})")
+        return
     row = 0
     try:
         stream = datasets.IterableDataset.from_parquet(

@@ -125,9 +125,12 @@ def write_bad_directory(root: Path) -> dict[str, int]:
     (root / "cut.tar").write_bytes(tar_bytes({f"c{k}.txt": next(good).encode()
                                               for k in range(3)})[:third])
     (root / "notes.md").write_text("not a supported format")
-    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 3, "malformed_json": 1, "missing_text": 1,
+    # A parquet file without the text column, and one that is no parquet file at all.
+    pq.write_table(pa.table({"body": [next(good)]}), root / "nocol.parquet")
+    (root / "fake.parquet").write_bytes(b"PAR1 not a parquet footer")
+    return {"kept": 3 + 2 + 1 + 2, "invalid_utf8": 3, "malformed_json": 1, "missing_text": 2,
             "empty_file": 2, "empty": 1, "too_short": 1, "too_long": 1, "truncated_tar": 2,
-            "unsupported_file": 1}
+            "unsupported_file": 1, "unreadable_file": 1}
 
 
 def digests(root: Path) -> dict[str, str]:

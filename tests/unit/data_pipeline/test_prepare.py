@@ -124,6 +124,7 @@ def test_bad_input_is_counted_not_fatal(tmp_path):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert "Failed to read" not in proc.stdout + proc.stderr  # no library log of a bad parquet
     counts = load_manifest(tmp_path / "out")["counts"]["bad"]
     kept = expected.pop("kept")
     assert counts["kept"] == kept and counts["rejected"] == expected
