@@ -106,11 +106,17 @@ def test_the_gelu_the_plan_times_is_the_one_the_trainer_runs() -> None:
                            "tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8})
     assert "--openai-gelu" in model_flags(fused)
     assert "--openai-gelu" not in model_flags(replace(fused, bias_gelu_fusion=False))
+    from megatron_lgs.model import mlp_activation
+
     tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
     for flags, want in (([], False), (["--openai-gelu"], True),
                         (["--disable-bias-linear"], True), (["--swiglu"], True)):
         cfg = parse_args([*tiny, *flags], world_size=1)
         assert trainer_run_fields(cfg, 8)[0]["bias_gelu_fusion"] is want, flags
+        # What the trainer builds on a GPU: a bias added apart exactly where it does not fuse.
+        m = cfg.model
+        apart = m.add_bias_linear and not m.swiglu and not mlp_activation(m, on_gpu=True)[1]
+        assert apart is not want, flags
 
 
 @pytest.mark.parametrize("model,gpus,gpu", [("launch/configs/gpt-10b.sh", 64, "h100-sxm"),
