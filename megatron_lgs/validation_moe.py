@@ -9,10 +9,7 @@ from megatron_lgs.run_config import Config, ConfigError
 
 def validate_experts(cfg: Config) -> None:
     m, par = cfg.model, cfg.parallel
-    tp, pp, ep = (par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
-                  par.expert_model_parallel_size)
-    if par.world_size % (ep * tp * pp) and ep > 1:
-        raise ConfigError(f"world size ({par.world_size}) must be divisible by EP x TP x PP")
+    pp, ep = par.pipeline_model_parallel_size, par.expert_model_parallel_size
     if m.moe_router_topk < 1:
         raise ConfigError(f"--moe-router-topk must be at least 1, got {m.moe_router_topk}")
     if m.num_experts is None and ep > 1:
@@ -43,6 +40,8 @@ def validate_experts(cfg: Config) -> None:
             raise ConfigError("--expert-tensor-parallel-size splits the experts: it needs "
                               "--num-experts")
         return
+    # The experts' layout folds over a stage's TP x CP x DP ranks on its own (megatron-core's
+    # "MoE parallel folding"): EP may span TP ranks, so EP x TP x PP need not divide the world.
     if par.world_size % (par.expert_tp * ep * pp):
         raise ConfigError(f"world size ({par.world_size}) must be divisible by expert TP x EP x "
                           f"PP ({par.expert_tp} x {ep} x {pp})")

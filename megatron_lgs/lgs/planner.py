@@ -204,7 +204,11 @@ def model_flags(r: Run) -> list[str]:
     if r.untie_embeddings:
         f.append("--untie-embeddings-and-output-weights")
     if r.num_experts:
-        f += [f"--num-experts {r.num_experts}", f"--moe-router-topk {r.moe_topk}"]
+        # Without linear biases, as the MoE models the presets stand for (launch/configs/
+        # gpt-100b-moe.sh, Mixtral, Qwen3): megatron-core 0.16.1 cannot split biased experts
+        # over TP, which the planner searches.
+        f += [f"--num-experts {r.num_experts}", f"--moe-router-topk {r.moe_topk}",
+              "--disable-bias-linear"]
         if r.moe_ffn_hidden:
             f.append(f"--moe-ffn-hidden-size {r.moe_ffn_hidden}")
     return f

@@ -49,6 +49,10 @@ MOE_LAYOUTS = {
     "EP2xTP2+ETP2": (4, [*EP2, *TP2, *SP]),
     # 4 ranks: the experts split over EP2 and replicated over 2 expert-data-parallel ranks.
     "DP2xEP2": (4, EP2),
+    # The experts folded over the TP x DP ranks (megatron-core's MoE parallel folding): EP4
+    # across TP2 x DP2, one expert a rank, where EP x TP = 8 exceeds the 4 ranks.
+    "TP2xDP2 with EP4 folded": (4, ["--expert-model-parallel-size", "4", *TP2, *SP,
+                                     "--expert-tensor-parallel-size", "1"]),
 }
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,11 @@ LAYOUTS = {
     "moe-ep2": (2, ["--num-experts", "4", "--disable-bias-linear",
                     "--expert-model-parallel-size", "2"]),
     "moe-ep1": (1, ["--num-experts", "4", "--disable-bias-linear"]),
+    # The experts folded over the TP ranks: EP2 across TP2 on 2 ranks (expert TP 1).
+    "moe-tp2-ep2-folded": (2, ["--num-experts", "4", "--disable-bias-linear",
+                               "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                               "--expert-model-parallel-size", "2",
+                               "--expert-tensor-parallel-size", "1"]),
     # An uneven pipeline split (1 + 2 of 3 layers) resumed in one process.
     "pp2-uneven": (2, ["--num-layers", "3", "--pipeline-model-parallel-size", "2",
                        "--decoder-first-pipeline-num-layers", "1"]),
@@ -55,6 +60,7 @@ LAYOUTS = {
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
 CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"),
+         ("moe-tp2-ep2-folded", "moe-ep1"),
          ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"),
          ("pp2-uneven-vpp2", "dp1-6-layers"), ("tp2", "tp2")]
 OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")

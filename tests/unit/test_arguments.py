@@ -47,6 +47,9 @@ def test_megatron_flag_names_reach_their_dataclasses():
     (["--expert-tensor-parallel-size", "2"], 1, "splits the experts: it needs --num-experts"),
     (["--num-experts", "2", "--disable-bias-linear", "--expert-tensor-parallel-size", "2"], 1,
      "divisible by expert TP x EP x PP (2 x 1 x 1)"),
+    (["--num-experts", "4", "--disable-bias-linear", "--tensor-model-parallel-size", "2",
+      "--sequence-parallel", "--expert-model-parallel-size", "4",
+      "--expert-tensor-parallel-size", "1"], 2, "divisible by expert TP x EP x PP (1 x 4 x 1)"),
     (["--use-megatron-fsdp", "--no-save"], 2, "--use-megatron-fsdp needs"),
     (["--num-experts", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"], 2,
      "cannot split experts with linear biases over TP (expert TP 2)"),
@@ -145,6 +148,15 @@ def test_the_edges_of_each_range_are_accepted():
                 "--weight-decay", "0", "--min-lr", "0", "--adam-beta1", "0",
                 "--optimizer-offload-fraction", "1", "--moe-aux-loss-coeff", "0",
                 "--data-path", "0", "/a", "2", "/b"], world_size=1)
+
+
+def test_experts_folded_over_the_tp_ranks_are_accepted():
+    """EP may span a stage's TP ranks where the experts are not split over TP (megatron-core's
+    MoE parallel folding): EP4 x TP2 on 4 ranks. Refused until 2026-12-07."""
+    cfg = parse_args(["--num-experts", "4", "--disable-bias-linear", "--tensor-model-parallel-size",
+                      "2", "--sequence-parallel", "--expert-model-parallel-size", "4",
+                      "--expert-tensor-parallel-size", "1"], world_size=4)
+    assert cfg.parallel.data_parallel_size == 2 and cfg.parallel.expert_tp == 1
 
 
 def test_validate_raises_config_error_for_callers_that_build_configs():

@@ -11,6 +11,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,9 +26,11 @@ from megatron_lgs.lgs.plan_run import (
 )
 from megatron_lgs.lgs.plan_run import main as plan_main
 from megatron_lgs.lgs.planner import (
+    Plan,
     best_of,
     candidates,
     fits,
+    layouts,
     memory,
     model_flags,
     with_thresholds,
@@ -138,6 +141,25 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     assert set(KINDS) - {"ZeRO-2", "EP", "ETP1", "A2A overlap"} <= seen  # ZeRO-2: the 10B only
     moe = {"EP", "ETP1", "A2A overlap"}
     assert moe <= seen if base.num_experts else not moe & seen
+
+
+
+def test_every_moe_layout_searched_is_one_the_trainer_runs() -> None:
+    """The planner searches expert layouts folded over a stage's TP x CP x DP ranks (EP across
+    TP ranks where the experts are not split over TP), as megatron-core runs them: each
+    distinct one passes the trainer's validation. Until 2026-12-07 the trainer refused 70 of
+    the 505 for the MoE preset on 128 GPUs (EP x TP x PP had to divide the world)."""
+    base, _ = resolve("gpt-100b-moe", "h100-sxm", 128, None, None)
+    seen = {}
+    for r in layouts(base):
+        seen.setdefault((r.tp, r.pp, r.cp, r.ep, r.etp, r.vpp), r)
+    folded = [r for r in seen.values() if 128 % (r.ep * r.tp * r.pp)]
+    assert folded and len(seen) > 300
+    for r in seen.values():
+        # The flag line reads only the plan's run: no prediction is needed to write it.
+        argv = best_flags("gpt-100b-moe", base, Plan(SimpleNamespace(run=r), None, 0.0,
+                                                          None)).split()
+        validate(config_from_namespace(build_parser().parse_args(argv), 128))
 
 
 @pytest.mark.parametrize("extra,said", [
