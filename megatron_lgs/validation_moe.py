@@ -45,6 +45,16 @@ def validate_experts(cfg: Config) -> None:
     if par.world_size % (par.expert_tp * ep * pp):
         raise ConfigError(f"world size ({par.world_size}) must be divisible by expert TP x EP x "
                           f"PP ({par.expert_tp} x {ep} x {pp})")
+    # 0.16.1 puts a layer's weights in the experts' process groups (`allreduce` False) only at
+    # EP > 1: at EP 1 experts split otherwise than the dense layers are reduced over the dense
+    # data-parallel group as if they were dense, and train apart from one process (TP2 with
+    # expert TP 1: the two TP ranks' experts each see half the tokens and never meet). Fixed
+    # upstream in Megatron-LM #5916 (2026-07-25); `test_expert_groups_pin.py` holds the pin.
+    if ep == 1 and par.expert_tp != par.tensor_model_parallel_size:
+        raise ConfigError(f"--expert-tensor-parallel-size ({par.expert_tp}) other than TP "
+                          f"({par.tensor_model_parallel_size}) needs --expert-model-parallel-size "
+                          "> 1 in megatron-core 0.16.1, which otherwise reduces the experts' "
+                          "gradients as dense ones")
     if m.add_bias_linear and par.expert_tp > 1:
         raise ConfigError(f"megatron-core 0.16.1 cannot split experts with linear biases over "
                           f"TP (expert TP {par.expert_tp}): add --disable-bias-linear "

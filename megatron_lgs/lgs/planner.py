@@ -89,10 +89,11 @@ def _virtual_stages(split: Run, pp: int) -> list[int]:
 
 def _inner(base: Run, tp: int, pp: int, cp: int, dp: int, ep: int) -> Iterator[Run]:
     pure_dp = (tp, pp, cp, ep) == (1, 1, 1, 1)
-    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1); the
-    # all-to-all dispatcher (the one megatron-core overlaps), its all-to-alls beside another
-    # micro-batch's compute or not (megatron-core's combined 1F1B).
-    etps = (tp, 1) if base.num_experts and tp > 1 else (tp,)
+    # Experts split over the TP ranks (megatron-core's default) or whole on each (etp 1, at EP
+    # > 1: at EP 1 megatron-core 0.16.1 reduces such experts' gradients as dense ones, and the
+    # trainer refuses it); the all-to-all dispatcher (the one megatron-core overlaps), its
+    # all-to-alls beside another micro-batch's compute or not (megatron-core's combined 1F1B).
+    etps = (tp, 1) if base.num_experts and tp > 1 and ep > 1 else (tp,)
     overlaps = (False, True) if base.num_experts and ep > 1 else (False,)
     for mb in MICRO:
         for vpp in _virtual_stages(base, pp):
