@@ -477,8 +477,23 @@ def install(ddps: list, engine: LgsEngine) -> None:
             ddp.param_to_bucket_group[param] = _Router(group, engine)
         ddp.zero_grad_buffer = _then(ddp.zero_grad_buffer, engine.reset)
         ddp.start_grad_sync = engine.start_grad_sync
-        ddp.finish_grad_sync = engine.finish_grad_sync
+        ddp.finish_grad_sync = _rearming_param_gather(ddp, engine.finish_grad_sync)
         ddp.lgs = engine
+
+
+def _rearming_param_gather(ddp, finish: Callable[..., None]) -> Callable[..., None]:
+    """`finish` and then what megatron's bucket groups' own finish_grad_sync does besides the
+    gradients: mark the next step's parameter all-gather not dispatched. Under
+    --overlap-param-gather the forward pre-hooks start a bucket's gather only where that mark is
+    down; left up, every step after the first ran on stale weights outside each rank's shard
+    (found 2026-12-07 by bench/layout_sweep.py: 1.7e-2 off one process at the second step)."""
+    groups = ddp.bucket_groups + ddp.expert_parallel_bucket_groups
+
+    def rearmed(force_all_reduce: bool = False) -> None:
+        finish(force_all_reduce)
+        for group in groups:
+            group.param_gather_dispatched = False
+    return rearmed
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:

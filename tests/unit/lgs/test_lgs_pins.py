@@ -35,6 +35,18 @@ def test_finalize_calls_the_chunks_finish_grad_sync():
     assert "model_chunk.finish_grad_sync(force_all_reduce=force_all_reduce)" in source
 
 
+def test_finishing_the_gradients_rearms_the_parameter_gather():
+    """`install` replaces the DDP's finish_grad_sync, so it repeats what megatron's bucket
+    groups do there besides the gradients; and the forward pre-hook gathers only where that
+    mark is down."""
+    finish = inspect.getsource(buffer_module._ParamAndGradBucketGroup.finish_grad_sync)
+    assert "self.param_gather_dispatched = False" in finish
+    gather = inspect.getsource(buffer_module._ParamAndGradBucketGroup.finish_param_sync)
+    assert "if not self.param_gather_dispatched:" in gather
+    ddp_finish = inspect.getsource(ddp_module.DistributedDataParallel.finish_grad_sync)
+    assert "self.bucket_groups + self.expert_parallel_bucket_groups" in ddp_finish
+
+
 def test_bucket_size_one_gives_one_bucket_per_parameter():
     source = inspect.getsource(buffer_module._ParamAndGradBuffer.__init__)
     assert "(param_end_index - bucket_start_index) >= bucket_size" in source
