@@ -291,6 +291,16 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved_layout = json.loads(layout_file.read_text())
     run_layout = layout(model)
     load_optim = not (cfg.no_load_optim or cfg.finetune)
+    saved_sharding = saved_layout.get("optimizer_sharding", run_layout["optimizer_sharding"])
+    if load_optim and (saved_sharding == "none") != (run_layout["optimizer_sharding"] == "none"):
+        # The two keep different param-group records beside the same per-parameter moments;
+        # megatron-core's loaders fail on the other's with a KeyError deep inside.
+        raise ConfigError(f"--load {directory}: its optimizer state was saved with optimizer "
+                          f"sharding {saved_sharding}, this run's is "
+                          f"{run_layout['optimizer_sharding']}, and a sharded and an unsharded "
+                          f"optimizer state do not convert: resume with the saving run's "
+                          f"optimizer flags, or add --no-load-optim to load the weights and "
+                          f"start the optimizer afresh")
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
     try:
         loaded = dist_checkpointing.load(sharded, str(directory))

@@ -163,6 +163,22 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tm
     assert "shape mismatch" in refused.stderr
 
 
+def test_a_sharded_optimizer_state_into_an_unsharded_optimizer_is_refused_in_one_line(
+        sources, tiny, tmp_path):
+    """Distributed optimizer (or Megatron-FSDP) and plain optimizer states do not convert:
+    megatron-core failed with a KeyError deep in its loader (until 2026-12-07). Without the
+    optimizer state the weights load and training goes on."""
+    load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
+    plain = [*tiny, "--overlap-grad-reduce", *RUN, "--load", str(load)]
+    refused = run_pretrain(plain, expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "saved with optimizer sharding distributed_optimizer, this run's is none" \
+        in refused.stderr
+    weights = run_pretrain([*plain, "--no-load-optim"], save_dir=tmp_path / "weights")
+    (step,) = weights.records("train")
+    assert step["iteration"] == 4
+
+
 def test_finetune_from_another_tokenizer_is_refused_in_one_line(sources, tiny, tmp_path):
     """megatron-core loads word embeddings of another vocabulary size without a word (it lets
     the padding differ), so --finetune onto data of another tokenizer trained on rows of other
