@@ -147,6 +147,18 @@ def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
     return state
 
 
+def _gather_deferred_weights(model: list) -> None:
+    """Under --overlap-param-gather the distributed optimizer leaves each rank's weights outside
+    its shard as they were before the step until the next forward gathers them, and a
+    checkpoint writes a replicated weight from one rank: gather them first, as Megatron-LM does
+    before saving. Until 2026-12-07 such checkpoints held the step before's weights outside rank
+    0's shard (resumed without the flag, or exported, the model was another)."""
+    if fsdp_checkpoint.is_fsdp(model) or not model[0].ddp_config.overlap_param_gather:
+        return
+    for chunk in model:
+        chunk.start_param_sync(force_sync=True)
+
+
 def layout(model) -> dict[str, object]:
     """The parallel layout of this run (collective: gathers each rank's bucket and layer
     counts)."""
@@ -215,6 +227,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
 
     state.scheduler = scheduler.state_dict()
     run_layout = layout(model)
+    _gather_deferred_weights(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
                                   is_loading=False)
     request = dist_checkpointing.save(sharded, str(partial),

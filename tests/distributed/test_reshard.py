@@ -33,6 +33,9 @@ LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
     "dp2": (2, []),
+    # The weights outside a rank's shard are gathered in the next forward, so a save must
+    # gather them first (until 2026-12-07 it wrote the step before's).
+    "dp2-overlap-param-gather": (2, ["--overlap-param-gather"]),
     "dp1": (1, []),
     # MoE: at EP2 megatron gives the experts their own optimizer, at EP1 it has only one.
     "moe-ep2": (2, ["--num-experts", "4", "--disable-bias-linear",
@@ -60,7 +63,7 @@ LAYOUTS = {
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
 CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"),
-         ("moe-tp2-ep2-folded", "moe-ep1"),
+         ("moe-tp2-ep2-folded", "moe-ep1"), ("dp2-overlap-param-gather", "dp1"),
          ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"),
          ("pp2-uneven-vpp2", "dp1-6-layers"), ("tp2", "tp2")]
 OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
