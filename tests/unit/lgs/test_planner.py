@@ -143,7 +143,6 @@ def test_planner_flag_lines_pass_the_trainers_validation(model: str, gpus: int,
     assert moe <= seen if base.num_experts else not moe & seen
 
 
-
 def test_every_moe_layout_searched_is_one_the_trainer_runs() -> None:
     """The planner searches expert layouts folded over a stage's TP x CP x DP ranks (EP across
     TP ranks where the experts are not split over TP), as megatron-core runs them: each

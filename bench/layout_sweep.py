@@ -1,0 +1,197 @@
+"""Generated parallel layouts against one process: each accepted layout of a tiny model trains 4
+steps on 2 or 4 CPU ranks and its losses must be those of one process (fp32, dropout 0, within
+1e-4, the bar of tests/distributed/test_parallel_equivalence.py). A layout the trainer refuses
+must be refused in one line. Prints each run and a summary; exits 1 on any mismatch or crash.
+
+The equivalence matrix tests chosen layouts; this draws combinations of TP, SP, PP, virtual
+stages, CP, EP, expert TP, the MoE dispatcher, the distributed optimizer, LGS and recompute that
+nobody chose. On 2026-12-07 it found LGS leaving megatron's overlapped parameter gather unarmed,
+and with --resume checkpoints under --overlap-param-gather holding stale weights and sharded
+optimizer states failing to resume unsharded (all fixed; README, "Benchmarks").
+
+With --resume each run stops after 2 steps with a checkpoint and takes its last 2 in another
+drawn layout of the same model, loaded from it (resharding on resume; the fourth step's loss
+is the first that the loaded optimizer state moves).
+
+    python bench/layout_sweep.py --runs 100 --seed 1            # ~6 s a run on 2 cores
+    python bench/layout_sweep.py --runs 60 --seed 3 --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_lgs.arguments import parse_args  # noqa: E402
+from tests.conftest import TINY_GPT, Run, run_pretrain  # noqa: E402
+
+# The LR schedule is fixed at 4 iterations, so a run stopped at 2 and resumed decays alike.
+BASE = [*TINY_GPT, "--num-layers", "4", "--eval-iters", "0", "--log-interval", "1",
+        "--train-iters", "4", "--lr-decay-iters", "4", "--global-batch-size", "8"]
+MODELS = {
+    "gpt": [],
+    "llama": ["--swiglu", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+              "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear"],
+    "moe": ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"],
+    "moe-seq-aux": ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear",
+                    "--moe-router-load-balancing-type", "seq_aux_loss"],
+}
+TOLERANCE = 1e-4
+# Flags a layout draw may add that change the model, not its layout (valueless flags only).
+MODEL_FLAGS = ("--qk-layernorm", "--untie-embeddings-and-output-weights")
+
+
+def draw(rng: random.Random, kind: str | None = None) -> tuple[str, list[str], int, list[str]]:
+    """(model kind, its flags, world size, layout flags) of one generated run."""
+    kind = kind or rng.choice(sorted(MODELS))
+    world = rng.choice([2, 4])
+    tp, pp, cp = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 1, 2])
+    flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+             "--context-parallel-size", str(cp), "--micro-batch-size", rng.choice(["1", "2"])]
+    if tp > 1 and (kind.startswith("moe") or rng.random() < 0.5):
+        flags.append("--sequence-parallel")
+    if pp > 1:
+        flags += rng.choice([[], ["--num-layers-per-virtual-pipeline-stage", "1"],
+                             ["--decoder-first-pipeline-num-layers", "1"],
+                             ["--account-for-embedding-in-pipeline-split",
+                              "--account-for-loss-in-pipeline-split"]])
+    if kind.startswith("moe"):
+        flags += ["--expert-model-parallel-size", rng.choice(["1", "2", "4"]),
+                  "--moe-token-dispatcher-type", rng.choice(["allgather", "alltoall"])]
+        if rng.random() < 0.5:
+            flags += ["--expert-tensor-parallel-size", rng.choice(["1", "2"])]
+    if rng.random() < 0.3:
+        flags += rng.choice([["--qk-layernorm"], ["--untie-embeddings-and-output-weights"]])
+    if rng.random() < 0.5:
+        flags += ["--use-distributed-optimizer", "--overlap-grad-reduce"]
+        flags += rng.choice([[], ["--overlap-param-gather"], ["--ddp-bucket-size", "4000"]])
+    if rng.random() < 0.3:
+        flags.append("--lgs")
+    if rng.random() < 0.3:
+        flags += rng.choice([["--recompute-granularity", "selective"],
+                             ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                              "--recompute-num-layers", "1"]])
+    return kind, MODELS[kind], world, flags
+
+
+def accepted(argv: list[str], world: int) -> str | None:
+    """None where the trainer takes the flags, else its one-line refusal."""
+    try:
+        parse_args(argv, world_size=world)
+    except SystemExit:
+        return "refused"
+    return None
+
+
+# What a resume keeps: the trainer refuses to resume across a change of these in one line
+# (the config fingerprint covers recompute and the dispatcher; optimizer states of another
+# sharding do not convert).
+RESUME_KEEPS = ("--moe-token-dispatcher-type", "--recompute-granularity", "--recompute-method",
+                "--recompute-num-layers")
+
+
+def _kept(flags: list[str]) -> tuple[str, ...]:
+    values = tuple(f"{f}={flags[i + 1]}" for i, f in enumerate(flags) if f in RESUME_KEEPS)
+    return (*values, str("--use-distributed-optimizer" in flags))
+
+
+def other_layout(rng: random.Random, kind: str, layout: list[str],
+                 cache: str) -> tuple[int, list[str]]:
+    """Another accepted layout of the same model: `layout`'s model flags and micro-batch size
+    (MoE's load-balancing loss is per micro-batch) and what a resume keeps (`RESUME_KEEPS`),
+    the rest drawn anew."""
+    micro = layout[layout.index("--micro-batch-size") + 1]
+    while True:
+        _, _, world, other = draw(rng, kind)
+        other = [f for f in other if f not in MODEL_FLAGS] + \
+            [f for f in layout if f in MODEL_FLAGS]
+        other[other.index("--micro-batch-size") + 1] = micro
+        if _kept(other) != _kept(layout):
+            continue
+        if not accepted([*BASE, *MODELS[kind], "--data-cache-dir", cache, *other], world):
+            return world, other
+
+
+def trial(argv: list[str], world: int, resume: tuple[int, list[str]] | None,
+          saved: Path) -> tuple[str, Run]:
+    """Train `argv` for 4 steps; or, with `resume` (world, layout), for 2 with a checkpoint in
+    `saved`, and the last 2 in that layout, loaded from it. (the resumed layout's name, the
+    last run)."""
+    if resume is None:
+        return "", run_pretrain(argv, nproc=world, expect_success=False)
+    first = run_pretrain([*argv, "--train-iters", "2"], nproc=world, save_dir=saved,
+                         expect_success=False)
+    other_world, other = resume
+    name = f" -> world {other_world} {' '.join(other)}"
+    if first.returncode != 0:
+        return name, first
+    cut = argv.index("--data-cache-dir") + 2  # the model's flags and the cache, then the layout
+    then = run_pretrain([*argv[:cut], *other, "--load", str(saved)], nproc=other_world,
+                        save_dir=saved / "resumed", expect_success=False)
+    then.stdout = first.stdout + then.stdout  # all 4 steps' losses
+    return name, then
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=60, help="accepted layouts to train")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true",
+                    help="stop each run after 2 steps and resume it in another drawn layout")
+    args = ap.parse_args()
+    rng, work = random.Random(args.seed), Path(tempfile.mkdtemp(prefix="layout-sweep-"))
+    try:
+        return sweep(args.runs, args.resume, rng, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path) -> int:
+    cache = str(work / "data")
+    references: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+    outcome: Counter[str] = Counter()
+    trained = 0
+    while trained < runs:
+        kind, model, world, layout = draw(rng)
+        argv = [*BASE, *model, "--data-cache-dir", cache, *layout]
+        if accepted(argv, world):
+            outcome["refused in one line"] += 1
+            continue
+        # The reference runs the same model (and, as MoE's load-balancing loss is per
+        # micro-batch, the same micro-batch size) in one process.
+        same = tuple(f for f in layout if f in MODEL_FLAGS) + \
+            ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1])
+        if (kind, same) not in references:
+            references[kind, same] = run_pretrain(
+                [*BASE, *model, "--data-cache-dir", cache, *same]).logged_losses()
+        resume = other_layout(rng, kind, layout, cache) if resume_each else None
+        saved = work / "checkpoint"
+        then, run = trial(argv, world, resume, saved)
+        shutil.rmtree(saved, ignore_errors=True)
+        name = f"{kind} world {world} {' '.join(layout)}{then}"
+        if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
+            outcome["refused in one line at start"] += 1  # this platform's limits
+            continue
+        trained += 1
+        if run.returncode != 0:
+            outcome["crashed"] += 1
+            print(f"CRASH {name}\n{run.stderr[-1500:]}", flush=True)
+            continue
+        got, want = run.logged_losses(), references[kind, same]
+        gap = max(abs(a - b) for a, b in zip(got, want, strict=True))
+        verdict = "ok" if gap <= TOLERANCE else "MISMATCH"
+        outcome[verdict] += 1
+        print(f"{verdict:8} {gap:.1e}  {name}", flush=True)
+    print(f"summary: {dict(outcome)}")
+    return 0 if outcome["crashed"] == outcome["MISMATCH"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
