@@ -90,30 +90,24 @@ def accepted(argv: list[str], world: int) -> str | None:
     return None
 
 
-# What a resume keeps: the trainer refuses to resume across a change of these in one line
-# (the config fingerprint covers recompute and the dispatcher; optimizer states of another
-# sharding do not convert).
-RESUME_KEEPS = ("--moe-token-dispatcher-type", "--recompute-granularity", "--recompute-method",
-                "--recompute-num-layers")
-
-
-def _kept(flags: list[str]) -> tuple[str, ...]:
-    values = tuple(f"{f}={flags[i + 1]}" for i, f in enumerate(flags) if f in RESUME_KEEPS)
-    return (*values, str("--use-distributed-optimizer" in flags))
+def _sharded_optimizer(flags: list[str]) -> bool:
+    """Whether the optimizer is sharded: a resume across that is refused in one line (the two
+    optimizer states do not convert)."""
+    return "--use-distributed-optimizer" in flags
 
 
 def other_layout(rng: random.Random, kind: str, layout: list[str],
                  cache: str) -> tuple[int, list[str]]:
     """Another accepted layout of the same model: `layout`'s model flags and micro-batch size
-    (MoE's load-balancing loss is per micro-batch) and what a resume keeps (`RESUME_KEEPS`),
-    the rest drawn anew."""
+    (MoE's load-balancing loss is per micro-batch) and whether its optimizer is sharded
+    (`_sharded_optimizer`), the rest drawn anew."""
     micro = layout[layout.index("--micro-batch-size") + 1]
     while True:
         _, _, world, other = draw(rng, kind)
         other = [f for f in other if f not in MODEL_FLAGS] + \
             [f for f in layout if f in MODEL_FLAGS]
         other[other.index("--micro-batch-size") + 1] = micro
-        if _kept(other) != _kept(layout):
+        if _sharded_optimizer(other) != _sharded_optimizer(layout):
             continue
         if not accepted([*BASE, *MODELS[kind], "--data-cache-dir", cache, *other], world):
             return world, other
@@ -177,7 +171,7 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path) -> int:
         shutil.rmtree(saved, ignore_errors=True)
         name = f"{kind} world {world} {' '.join(layout)}{then}"
         if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
-            outcome["refused in one line at start"] += 1  # this platform's limits
+            outcome["refused in one line at start"] += 1  # platform limits, refused reshards
             continue
         trained += 1
         if run.returncode != 0:

@@ -271,10 +271,12 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None, datasets: Datasets | None = None) -> bool:
+                    lgs: LgsEngine | None = None, datasets: Datasets | None = None,
+                    legacy_config_fingerprint: str | None = None) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
     none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
-    with --finetune one whose vocabulary is not `datasets`'s."""
+    with --finetune one whose vocabulary is not `datasets`'s. `legacy_config_fingerprint`:
+    this run's config fingerprint as checkpoints saved before 2026-12-07 carry it."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -283,7 +285,8 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
     if not cfg.finetune:
         legacy = datasets.legacy_fingerprint if datasets else None  # saved before 2026-12-06
-        accepted = {"config_fingerprint": {state.config_fingerprint},
+        accepted = {"config_fingerprint": {state.config_fingerprint,
+                                           legacy_config_fingerprint} - {None},
                     "data_fingerprint": {state.data_fingerprint, legacy} - {None}}
         for name, values in accepted.items():
             if getattr(saved, name) not in values:

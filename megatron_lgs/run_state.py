@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from megatron_lgs.run_config import Config, OptimizerConfig
+from megatron_lgs.run_config import Config, ModelConfig, OptimizerConfig
 
 
 @dataclass
@@ -41,21 +41,41 @@ _ZERO_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in (
 # Model flags added after runs were saved: at their default they are left out, so a run saved
 # before keeps its fingerprint.
 _ADDED_MODEL_DEFAULTS = {"openai_gelu": False}
+# How a step is scheduled, not what it computes: recompute reruns the forward to the same bits,
+# the dispatchers and the EP all-to-all overlap move the same tokens in another order, as a
+# layout change does. Their defaults stand in, as for the ZeRO stage, so a resume may change
+# them (a run moved to fewer GPUs turns recompute on). Since 2026-12-07; checkpoints saved
+# before carry `legacy_config_fingerprint`.
+_SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
+    "recompute_granularity", "recompute_method", "recompute_num_layers",
+    "moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")}
 
 
 def config_fingerprint(cfg: Config) -> str:
     """Hash of the settings that decide the numbers a step produces. A resume that changes
     them is not a continuation of the same run (use --finetune to load the weights anyway).
     Run length, logging and checkpoint paths are free to change."""
-    text = json.dumps(fingerprinted(cfg), sort_keys=True, default=lambda o: asdict(o))
+    return _hash(fingerprinted(cfg))
+
+
+def legacy_config_fingerprint(cfg: Config) -> str:
+    """What checkpoints saved before 2026-12-07 carry: the schedule's settings hashed too."""
+    settings = fingerprinted(cfg)
+    settings["model"].update({k: getattr(cfg.model, k) for k in _SCHEDULE_DEFAULTS})
+    return _hash(settings)
+
+
+def _hash(settings: dict) -> str:
+    text = json.dumps(settings, sort_keys=True, default=lambda o: asdict(o))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def fingerprinted(cfg: Config) -> dict:
     """The settings `config_fingerprint` hashes."""
     return {
-        "model": {k: v for k, v in asdict(cfg.model).items()
-                  if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]},
+        "model": {**{k: v for k, v in asdict(cfg.model).items()
+                     if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]},
+                  **_SCHEDULE_DEFAULTS},
         "precision": cfg.precision,
         "optim": {**{k: v for k, v in asdict(cfg.optim).items()
                      if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",

@@ -35,7 +35,7 @@ from megatron_lgs.optim import (
 )
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_config import Config, ConfigError
-from megatron_lgs.run_state import RunState, config_fingerprint
+from megatron_lgs.run_state import RunState, config_fingerprint, legacy_config_fingerprint
 from megatron_lgs.training_log import TrainingLog, print_rank_0, print_rank_last
 
 # (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
@@ -147,8 +147,9 @@ class Trainer:
                        self.num_microbatches, self.lgs, self.state.iteration)
 
     def _load(self, ckpt_cfg) -> bool:
-        loaded = checkpointing.load_checkpoint(ckpt_cfg, self.state, self.model, self.optimizer,
-                                               self.scheduler, self.lgs, self.datasets)
+        loaded = checkpointing.load_checkpoint(
+            ckpt_cfg, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
+            self.datasets, legacy_config_fingerprint(self.cfg))
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.tuning:

@@ -3,9 +3,13 @@ middle of one."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from megatron_lgs.checkpointing import FAULT_ENV
+from megatron_lgs.arguments import parse_args
+from megatron_lgs.checkpointing import FAULT_ENV, RUN_STATE_FILE
+from megatron_lgs.run_state import legacy_config_fingerprint
 from tests.conftest import TINY_GPT, run_pretrain
 
 pytestmark = pytest.mark.slow
@@ -72,3 +76,27 @@ def test_finetune_from_a_folder_without_a_checkpoint_is_refused(tiny, tmp_path):
     assert refused.returncode == 2
     assert f"--finetune: no checkpoint under --load {empty}" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_a_resume_may_turn_recompute_on(straight, tiny, tmp_path):
+    """Recompute (and the MoE dispatcher, the EP overlap) schedule a step, they do not change
+    what it computes: a run resumed with full recompute continues bit for bit (refused as
+    another config until 2026-12-07). A checkpoint saved before then carries the fingerprint
+    with the schedule hashed in, and still resumes in its own schedule."""
+    save = tmp_path / "ckpt"
+    args = [*tiny, *RUN]
+    run_pretrain([*args, "--exit-interval", "10"], save_dir=save)
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "10"
+    recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"]
+    state_file = save / "iter_0000010" / RUN_STATE_FILE
+    saved_state = json.loads(state_file.read_text())
+    resumed = run_pretrain([*args, *recompute, "--load", str(save)], save_dir=tmp_path / "on")
+    assert [r["loss"] for r in resumed.records("train")] == straight["dp1"][10:]
+    legacy = legacy_config_fingerprint(parse_args([*args, *recompute], world_size=1))
+    assert legacy != saved_state["config_fingerprint"]
+    for fingerprint, resumes in ((legacy, True), ("0" * 16, False)):
+        state_file.write_text(json.dumps({**saved_state, "config_fingerprint": fingerprint}))
+        run = run_pretrain([*args, *recompute, "--load", str(save)], expect_success=False,
+                           save_dir=tmp_path / fingerprint)
+        assert (run.returncode == 0) is resumes, run.stderr[-500:]
