@@ -81,13 +81,13 @@ def draw(rng: random.Random, kind: str | None = None) -> tuple[str, list[str], i
     return kind, MODELS[kind], world, flags
 
 
-def accepted(argv: list[str], world: int) -> str | None:
-    """None where the trainer takes the flags, else its one-line refusal."""
+def refused(argv: list[str], world: int) -> bool:
+    """Whether the trainer refuses the flags (in one line: `parse_args` exits with it)."""
     try:
         parse_args(argv, world_size=world)
     except SystemExit:
-        return "refused"
-    return None
+        return True
+    return False
 
 
 def _sharded_optimizer(flags: list[str]) -> bool:
@@ -109,7 +109,7 @@ def other_layout(rng: random.Random, kind: str, layout: list[str],
         other[other.index("--micro-batch-size") + 1] = micro
         if _sharded_optimizer(other) != _sharded_optimizer(layout):
             continue
-        if not accepted([*BASE, *MODELS[kind], "--data-cache-dir", cache, *other], world):
+        if not refused([*BASE, *MODELS[kind], "--data-cache-dir", cache, *other], world):
             return world, other
 
 
@@ -155,7 +155,7 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path) -> int:
     while trained < runs:
         kind, model, world, layout = draw(rng)
         argv = [*BASE, *model, "--data-cache-dir", cache, *layout]
-        if accepted(argv, world):
+        if refused(argv, world):
             outcome["refused in one line"] += 1
             continue
         # The reference runs the same model (and, as MoE's load-balancing loss is per

@@ -92,9 +92,6 @@ def validate(cfg: Config) -> None:
     _validate_rampup(cfg)
     _validate_recompute(m, min(_stage_layers(cfg)))
     validate_a2a_overlap(cfg)
-    if m.num_experts is not None and tp > 1 and not par.sequence_parallel:
-        raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
-                          "(megatron-core's MoE layer refuses to train without it)")
     if par.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if pr.bf16 and pr.fp16:

@@ -59,6 +59,9 @@ def validate_experts(cfg: Config) -> None:
         raise ConfigError(f"megatron-core 0.16.1 cannot split experts with linear biases over "
                           f"TP (expert TP {par.expert_tp}): add --disable-bias-linear "
                           f"or --expert-tensor-parallel-size 1")
+    if par.tensor_model_parallel_size > 1 and not par.sequence_parallel:
+        raise ConfigError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                          "(megatron-core's MoE layer refuses to train without it)")
     if m.moe_expert_capacity_factor is not None and \
             m.moe_router_load_balancing_type == "sinkhorn":
         raise ConfigError("--moe-expert-capacity-factor needs the aux_loss, seq_aux_loss or "
