@@ -4,10 +4,12 @@ steps on 2 or 4 CPU ranks and its losses must be those of one process (fp32, dro
 must be refused in one line. Prints each run and a summary; exits 1 on any mismatch or crash.
 
 The equivalence matrix tests chosen layouts; this draws combinations of TP, SP, PP, virtual
-stages, CP, EP, expert TP, the MoE dispatcher, the distributed optimizer, LGS and recompute that
-nobody chose. On 2026-12-07 it found LGS leaving megatron's overlapped parameter gather unarmed,
-and with --resume checkpoints under --overlap-param-gather holding stale weights and sharded
-optimizer states failing to resume unsharded (all fixed; README, "Benchmarks").
+stages, CP, EP, expert TP, the MoE dispatcher, the distributed optimizer or Megatron-FSDP, LGS
+and recompute that nobody chose. On 2026-12-07 it found LGS leaving megatron's overlapped
+parameter gather unarmed, and with --resume checkpoints under --overlap-param-gather holding
+stale weights and sharded optimizer states failing to resume unsharded (all fixed; README,
+"Benchmarks"). Since every optimizer sharding saves in one format (2026-12-07, later), --resume
+draws the optimizer's sharding anew too.
 
 With --resume each run stops after 2 steps with a checkpoint and takes its last 2 in another
 drawn layout of the same model, loaded from it (resharding on resume; the fourth step's loss
@@ -69,7 +71,10 @@ def draw(rng: random.Random, kind: str | None = None) -> tuple[str, list[str], i
             flags += ["--expert-tensor-parallel-size", rng.choice(["1", "2"])]
     if rng.random() < 0.3:
         flags += rng.choice([["--qk-layernorm"], ["--untie-embeddings-and-output-weights"]])
-    if rng.random() < 0.5:
+    if tp == pp == cp == 1 and rng.random() < 0.4:  # Megatron-FSDP runs pure DP only
+        flags += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                  "optim_grads_params"]
+    elif rng.random() < 0.5:
         flags += ["--use-distributed-optimizer", "--overlap-grad-reduce"]
         flags += rng.choice([[], ["--overlap-param-gather"], ["--ddp-bucket-size", "4000"]])
     if rng.random() < 0.3:
@@ -90,25 +95,17 @@ def refused(argv: list[str], world: int) -> bool:
     return False
 
 
-def _sharded_optimizer(flags: list[str]) -> bool:
-    """Whether the optimizer is sharded: a resume across that is refused in one line (the two
-    optimizer states do not convert)."""
-    return "--use-distributed-optimizer" in flags
-
-
 def other_layout(rng: random.Random, kind: str, layout: list[str],
                  cache: str) -> tuple[int, list[str]]:
     """Another accepted layout of the same model: `layout`'s model flags and micro-batch size
-    (MoE's load-balancing loss is per micro-batch) and whether its optimizer is sharded
-    (`_sharded_optimizer`), the rest drawn anew."""
+    (MoE's load-balancing loss is per micro-batch), the rest (the optimizer's sharding too)
+    drawn anew."""
     micro = layout[layout.index("--micro-batch-size") + 1]
     while True:
         _, _, world, other = draw(rng, kind)
         other = [f for f in other if f not in MODEL_FLAGS] + \
             [f for f in layout if f in MODEL_FLAGS]
         other[other.index("--micro-batch-size") + 1] = micro
-        if _sharded_optimizer(other) != _sharded_optimizer(layout):
-            continue
         if not refused([*BASE, *MODELS[kind], "--data-cache-dir", cache, *other], world):
             return world, other
 

@@ -130,7 +130,9 @@ def _model_keys(model: list) -> list[str]:
 
 
 def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
-                        is_loading: bool) -> dict:
+                        is_loading: bool, legacy_plain: bool = False) -> dict:
+    """`legacy_plain`: the optimizer state as plain optimizers saved it until 2026-12-07, in
+    megatron-core's own format (it loads only into the same plain optimizer and EP split)."""
     if fsdp_checkpoint.is_fsdp(model):  # ZeRO-3: every rank's shards, in the same format
         return fsdp_checkpoint.sharded_state_dict(model, optimizer, is_loading)
     # The bare GPTModel's names: checkpoints do not depend on the DDP / Float16Module wrappers,
@@ -139,11 +141,11 @@ def _sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
              for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True)}
     if optimizer is None:
         return state
-    if optimizer_checkpoint.uses_model_space(optimizer):
+    if legacy_plain:
+        state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
+    else:
         state["optimizer"] = optimizer_checkpoint.sharded_state_dict(
             optimizer, dict(state), is_loading)
-    else:  # megatron's non-distributed optimizers already save by parameter
-        state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading)
     return state
 
 
@@ -176,6 +178,7 @@ def layout(model) -> dict[str, object]:
     ps = parallel_state
     return {
         "optimizer_format": optimizer_checkpoint.FORMAT,
+        "optimizer_format_version": optimizer_checkpoint.FORMAT_VERSION,
         "world_size": dist.get_world_size(),
         "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
         "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
@@ -226,7 +229,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     dist.barrier()
 
     state.scheduler = scheduler.state_dict()
-    run_layout = layout(model)
+    run_layout = {**layout(model), "optimizer_saved": not cfg.no_save_optim}
     _gather_deferred_weights(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
                                   is_loading=False)
@@ -307,17 +310,22 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved_layout = json.loads(layout_file.read_text())
     run_layout = layout(model)
     load_optim = not (cfg.no_load_optim or cfg.finetune)
-    saved_sharding = saved_layout.get("optimizer_sharding", run_layout["optimizer_sharding"])
-    if load_optim and (saved_sharding == "none") != (run_layout["optimizer_sharding"] == "none"):
-        # The two keep different param-group records beside the same per-parameter moments;
-        # megatron-core's loaders fail on the other's with a KeyError deep inside.
-        raise ConfigError(f"--load {directory}: its optimizer state was saved with optimizer "
-                          f"sharding {saved_sharding}, this run's is "
-                          f"{run_layout['optimizer_sharding']}, and a sharded and an unsharded "
-                          f"optimizer state do not convert: resume with the saving run's "
+    if load_optim and saved_layout.get("optimizer_saved") is False:
+        raise ConfigError(f"--load {directory}: it was saved with --no-save-optim and holds no "
+                          f"optimizer state: add --no-load-optim to load the weights and start "
+                          f"the optimizer afresh")
+    legacy_plain = (load_optim and saved_layout.get("optimizer_format_version", 1) == 1
+                    and saved_layout.get("optimizer_sharding",
+                                         run_layout["optimizer_sharding"]) == "none")
+    if legacy_plain and run_layout["optimizer_sharding"] != "none":
+        raise ConfigError(f"--load {directory}: its optimizer state was saved before 2026-12-07 "
+                          f"by a plain optimizer, in megatron-core's format, which loads only "
+                          f"into a plain optimizer, not with optimizer sharding "
+                          f"{run_layout['optimizer_sharding']}: resume with the saving run's "
                           f"optimizer flags, or add --no-load-optim to load the weights and "
                           f"start the optimizer afresh")
-    sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True)
+    sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True,
+                                  legacy_plain=legacy_plain)
     try:
         loaded = dist_checkpointing.load(sharded, str(directory))
     except (CheckpointingException, DcpException, optimizer_checkpoint.ReshardError) as exc:
@@ -381,7 +389,7 @@ def _load_unsharded(model: list, optimizer: MegatronOptimizer, sharded: dict, lo
     """Megatron DDP's chunks (optionally with the distributed optimizer): what was read."""
     for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
         chunk.load_state_dict(loaded[key])
-    if load_optim and optimizer_checkpoint.uses_model_space(optimizer):
+    if load_optim and "boxes" in sharded["optimizer"]:
         optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
-    elif load_optim:
+    elif load_optim:  # legacy_plain
         optimizer.load_state_dict(loaded["optimizer"])

@@ -33,7 +33,7 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataPa
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.utils import unwrap_model
 
-from megatron_lgs.optimizer_checkpoint import ReshardError, common_for, slice_boxes
+from megatron_lgs.optimizer_checkpoint import ReshardError, common_for, copy_boxes, slice_boxes
 
 MAPPING_ATTR = "checkpoint_mapping"
 OPTIMIZER_STATES = ("exp_avg", "exp_avg_sq")
@@ -160,16 +160,6 @@ def sharded_state_dict(model: list, optimizer: MegatronOptimizer | None,
     return state
 
 
-def _copy_boxes(requested: dict, loaded: dict, targets: list[dict[str, torch.Tensor]]) -> None:
-    for name in requested:
-        if name.startswith(EXTRA_STATE):
-            continue
-        index, key, begin = name.split("/")
-        value = loaded[name].reshape(-1)
-        flat = targets[int(index)][key]
-        flat[int(begin):int(begin) + value.numel()].copy_(value)
-
-
 @torch.no_grad()
 def load_state_dict(model: list, optimizer: MegatronOptimizer, requested: dict, loaded: dict,
                     load_optimizer: bool) -> None:
@@ -188,14 +178,15 @@ def load_state_dict(model: list, optimizer: MegatronOptimizer, requested: dict, 
         if opt.grad_scaler is not None and "grad_scaler" in common:
             opt.grad_scaler.load_state_dict(common["grad_scaler"])
         targets = [_states(opt, s) if s.start < s.end else {} for s in shards]
-        _copy_boxes(requested["optimizer"]["boxes"]["0"], loaded["optimizer"]["boxes"]["0"],
-                    targets)
+        copy_boxes(requested["optimizer"]["boxes"]["0"], loaded["optimizer"]["boxes"]["0"],
+                   targets)
         for shard in shards:
             if shard.start < shard.end:
                 # torch's Adam keeps one step tensor per parameter; megatron saves the common one.
                 opt.optimizer.state[shard.main]["step"] = torch.tensor(float(step))
     else:  # weights only (--finetune, --no-load-optim): the main weights start from them
         targets = [{"weight": _flat(s.main)} for s in shards]
-        _copy_boxes(requested["model"], loaded["model"], targets)
+        weights = [name for name in requested["model"] if not name.startswith(EXTRA_STATE)]
+        copy_boxes(weights, loaded["model"], targets)
     wrapper.module.install_optimized_model_weights()
     wrapper.start_param_sync(force_sync=True)

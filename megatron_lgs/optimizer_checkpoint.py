@@ -1,5 +1,7 @@
-"""The distributed optimizer's state in model space: a checkpoint that loads into any TP/PP/DP
-layout and any gradient-bucket size, with no gather and no communication.
+"""Optimizer state in model space: one checkpoint format for every optimizer sharding (a plain
+optimizer, the distributed optimizer, Megatron-FSDP in `fsdp_checkpoint`) that loads into any
+TP/PP/EP/DP layout, any gradient-bucket size and any of those shardings, with no gather and no
+communication.
 
 megatron-core 0.16.1 has no format of its own that does this here:
 - `dp_reshardable` stores the flat gradient buckets: DP may change, TP, PP and buckets may not.
@@ -8,23 +10,30 @@ megatron-core 0.16.1 has no format of its own that does this here:
   its neighbour's values (the "issue #504" TODO in `sharded_param_state_fully_reshardable`).
 - `fully_sharded_model_space` marks its tensors with `flattened_range`, which 0.16.1's
   `ShardedTensor.validate_metadata_integrity` rejects.
+- The plain optimizers' own format keys its per-parameter state by model tensor, but its common
+  part is torch's state dict of each optimizer, and at EP > 1 megatron chains a second optimizer
+  for the experts and prefixes its keys (`chained_1.`): it loads only into the same optimizer
+  sharding and the same EP split, and not at all with `--optimizer sgd` (no `init_state_fn`).
 
-Here each data-parallel rank writes exactly the slice of each parameter it owns. That slice is a
-contiguous range of the parameter's flattened (tensor-parallel-local) tensor; it is cut into
-boxes that are each contiguous in memory, and each box becomes a ShardedTensor of the parameter's
-*global* tensor: the model's key and offsets, shifted by where the box sits. dist_checkpointing
-writes the boxes as they are and, on load, reads the boxes of another layout from the ones that
-overlap them. Keys follow megatron's model-space naming, `optimizer.state.<state>.<model key>`
-with `fp32_param`, `exp_avg` and `exp_avg_sq`; Adam's step and the hyperparameters travel in the
-optimizer's ordinary state dict (param groups and loss scaler), which is the same on every rank.
-A load reads into fresh buffers and copies them in, so during a load this rank's slice of the
-optimizer state exists twice.
+Here each data-parallel rank writes exactly the slice of each parameter it owns (a plain
+optimizer owns the whole of each of its parameters, replicated over DP as the model is). That
+slice is a contiguous range of the parameter's flattened (tensor-parallel-local) tensor; it is cut
+into boxes that are each contiguous in memory, and each box becomes a ShardedTensor of the
+parameter's *global* tensor: the model's key and offsets, shifted by where the box sits.
+dist_checkpointing writes the boxes as they are and, on load, reads the boxes of another layout
+from the ones that overlap them. Keys follow megatron's model-space naming,
+`optimizer.state.<state>.<model key>` with `fp32_param` and the optimizer's per-parameter state
+(`exp_avg` and `exp_avg_sq`, or SGD's `momentum_buffer`); the step and the hyperparameters travel
+in a small common record per inner optimizer (the distributed optimizer's `state_dict()`: param
+groups with the step, and the loss scaler), the same on every rank. A load reads into fresh
+buffers and copies them in, so during a load this rank's slice of the optimizer state exists
+twice.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,6 +49,8 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import param_group_identifier_keys
 
 FORMAT = "model_space_boxes"
+# 2 (2026-12-07): plain optimizers save in this format too; before, in megatron-core's own.
+FORMAT_VERSION = 2
 STATE_PREFIX = "optimizer.state"
 
 
@@ -121,7 +132,7 @@ def state_key(state: str, model_key: str) -> str:
 
 
 def _box_tensor(part: _Part, key: str, box: Box, data: torch.Tensor,
-                instance_id: int) -> ShardedTensor:
+                instance_id: int | None) -> ShardedTensor:
     _, offset, shape = box
     t = part.tensor
     pre = t.prepend_axis_num
@@ -130,11 +141,12 @@ def _box_tensor(part: _Part, key: str, box: Box, data: torch.Tensor,
     global_offset = (*t.global_offset[:pre],
                      *(g + o for g, o in zip(t.global_offset[pre:], offset, strict=True)))
     local_shape = (*(1 for _ in range(pre)), *shape)
-    # The model's replica id is (PP, TP, DP); optimizer state is sharded over DP, not
-    # replicated, and replicated over distributed-optimizer instances (megatron's own rule).
+    # The model's replica id is (PP, TP, DP). The distributed optimizer's state is sharded over
+    # DP, not replicated, and replicated over its instances (megatron's own rule); a plain
+    # optimizer's (instance_id None) is replicated over DP as the model is.
     if not isinstance(t.replica_id, tuple) or len(t.replica_id) != 3:
         raise ReshardError(f"{t.key}: replica id {t.replica_id!r} is not (PP, TP, DP)")
-    replica_id = (*t.replica_id[:2], instance_id)
+    replica_id = t.replica_id if instance_id is None else (*t.replica_id[:2], instance_id)
     return ShardedTensor(key, data.view(local_shape),
                          data.dtype, local_shape, t.global_shape, global_offset,
                          axis_fragmentations=None, replica_id=replica_id)
@@ -158,12 +170,13 @@ def _owned_params(opt: DistributedOptimizer):
 
 
 def slice_boxes(sharded: ShardedBase, param: torch.Tensor, start: int, end: int,
-                states: dict[str, torch.Tensor], instance_id: int = 0,
+                states: dict[str, torch.Tensor], instance_id: int | None = 0,
                 key: Callable[[str, str], str] = state_key) -> dict[str, ShardedTensor]:
     """The checkpoint tensors of `states`, each the flat slice [start, end) of one state tensor
     of `param` (`sharded` is how the model saves `param`), named "<state>/<start in the slice>"
     and keyed `key(state, model key)` in the checkpoint. The returned tensors' data are views
-    of `states`."""
+    of `states`. `instance_id`: the distributed optimizer instance owning the slice, or None
+    for state replicated over DP as the model is."""
     boxes = {}
     for part in _parts(sharded, param):
         lo = max(start, part.param_start)
@@ -178,21 +191,98 @@ def slice_boxes(sharded: ShardedBase, param: torch.Tensor, start: int, end: int,
     return boxes
 
 
-def _distributed_sharded(opt: DistributedOptimizer, by_param: dict, is_loading: bool) -> dict:
+def copy_boxes(names: Iterable[str], loaded: dict,
+               targets: list[dict[str, torch.Tensor]]) -> None:
+    """Copy each loaded box "<parameter index>/<state>/<start>" into that parameter's flat state
+    tensor in `targets`."""
+    for name in names:
+        index, key, begin = name.split("/")
+        value = loaded[name].reshape(-1)
+        targets[int(index)][key][int(begin):int(begin) + value.numel()].copy_(value)
+
+
+def _main_params(opt: MegatronOptimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(model parameter, the optimizer's parameter) of a plain optimizer: megatron's
+    Float16OptimizerWithFloat16Params keeps an fp32 copy of each bf16/fp16 parameter, its
+    FP32Optimizer steps the model's parameters themselves."""
+    if hasattr(opt, "fp32_from_float16_groups"):
+        pairs = [(model, main) for models, mains in zip(opt.float16_groups,
+                                                        opt.fp32_from_float16_groups, strict=True)
+                 for model, main in zip(models, mains, strict=True)]
+        return pairs + [(p, p) for group in opt.fp32_from_fp32_groups for p in group]
+    return [(p, p) for group in opt.optimizer.param_groups for p in group["params"]]
+
+
+def _plain_state_names(opt: MegatronOptimizer) -> tuple[str, ...]:
+    if opt.config.optimizer == "adam":
+        return ("exp_avg", "exp_avg_sq")
+    return ("momentum_buffer",) if opt.config.sgd_momentum else ()
+
+
+def _plain_states(opt: MegatronOptimizer, main: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The fp32 parameter and per-parameter state of `main`, flat views. State the optimizer has
+    not made yet (no step taken) is made as its first step would start it: zero moments at
+    step 0, a zero SGD momentum (megatron's SGD has no dampening, so the first step then
+    leaves the gradient in it, as from none)."""
+    state = opt.optimizer.state[main]
+    for name in _plain_state_names(opt):
+        if state.get(name) is None:
+            state[name] = torch.zeros_like(main, memory_format=torch.preserve_format)
+    if isinstance(opt.optimizer, torch.optim.Adam):  # torch's Adam/AdamW: a step per parameter
+        state.setdefault("step", torch.tensor(0.0))
+    return {"fp32_param": main.detach().view(-1),
+            **{name: state[name].view(-1) for name in _plain_state_names(opt)}}
+
+
+def _plain_step(opt: MegatronOptimizer) -> float:
+    """The step count every parameter of a plain optimizer shares: torch's Adam keeps it per
+    parameter, Transformer Engine's and Apex's fused Adam per param group, SGD none."""
+    steps = {float(s["step"]) for s in opt.optimizer.state.values() if "step" in s}
+    steps |= {float(g["step"]) for g in opt.optimizer.param_groups if "step" in g}
+    if len(steps) > 1:
+        raise ReshardError(f"the optimizer's parameters are at different steps {sorted(steps)}")
+    return steps.pop() if steps else 0.0
+
+
+def _plain_common(opt: MegatronOptimizer) -> dict:
+    """What the distributed optimizer's `state_dict()` holds, for a plain optimizer: its param
+    groups (without their parameters) with the step, and the loss scaler."""
+    step = _plain_step(opt)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "step": step}
+              for g in opt.optimizer.param_groups]
+    common = {"optimizer": {"param_groups": groups}}
+    if getattr(opt, "grad_scaler", None) is not None:
+        common["grad_scaler"] = opt.grad_scaler.state_dict()
+    return common
+
+
+def _state_slices(opt: MegatronOptimizer) -> list[tuple[torch.Tensor, int, int,
+                                                        dict[str, torch.Tensor]]]:
+    """(model parameter, the flat range [start, end) this rank owns, its state tensors there)
+    for every parameter the optimizer steps on this rank."""
+    if isinstance(opt, DistributedOptimizer):
+        return [(param, owned.start, owned.end, _param_states(opt, param))
+                for param, owned in _owned_params(opt)]
+    return [(param, 0, param.numel(), _plain_states(opt, main))
+            for param, main in _main_params(opt)]
+
+
+def _sharded(opt: MegatronOptimizer, by_param: dict, is_loading: bool) -> dict:
     """This rank's boxes of every parameter, named "<parameter index>/<state>/<start>"."""
-    if is_loading:
+    distributed = isinstance(opt, DistributedOptimizer)
+    if is_loading and distributed:
         # Allocate the state that is loaded into (megatron's own idiom before a load).
         opt.load_state_dict(opt.state_dict())
     boxes = {}
-    for index, (param, owned) in enumerate(_owned_params(opt)):
+    for index, (param, start, end, states) in enumerate(_state_slices(opt)):
         if param not in by_param:
             raise ReshardError("a parameter of the optimizer is missing from the model's "
                                "sharded state dict")
-        states = _param_states(opt, param)
         if is_loading:  # read into fresh buffers; load_state_dict copies them in
             states = {k: torch.empty_like(v) for k, v in states.items()}
-        for name, box in slice_boxes(by_param[param], param, owned.start, owned.end, states,
-                                     opt.distributed_optimizer_instance_id).items():
+        instance = opt.distributed_optimizer_instance_id if distributed else None
+        for name, box in slice_boxes(by_param[param], param, start, end, states,
+                                     instance).items():
             boxes[f"{index}/{name}"] = box
     return boxes
 
@@ -201,23 +291,19 @@ def _inner_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def uses_model_space(optimizer: MegatronOptimizer) -> bool:
-    return any(isinstance(o, DistributedOptimizer) for o in _inner_optimizers(optimizer))
-
-
 def sharded_state_dict(optimizer: MegatronOptimizer, model_sharded: ShardedStateDict,
                        is_loading: bool) -> dict:
-    """The distributed optimizer's checkpoint: per inner optimizer its ordinary state dict
-    (common to all ranks) and this rank's boxes of every parameter's state."""
+    """The optimizer's checkpoint: per inner optimizer its common record (the same on all
+    ranks) and this rank's boxes of every parameter's state."""
     by_param = {sh.data: sh for sh in nested_values(model_sharded)
                 if isinstance(sh, ShardedTensor | ShardedTensorFactory)}
     inners = _inner_optimizers(optimizer)
     return {
-        "common": [o.state_dict() for o in inners],
+        "common": [o.state_dict() if isinstance(o, DistributedOptimizer) else _plain_common(o)
+                   for o in inners],
         # Keyed by this layout's optimizer index: what the common part of a checkpoint holds
         # under "boxes" (another layout's structure, emptied) never lines up with a list here.
-        "boxes": {str(i): _distributed_sharded(o, by_param, is_loading)
-                  for i, o in enumerate(inners)},
+        "boxes": {str(i): _sharded(o, by_param, is_loading) for i, o in enumerate(inners)},
     }
 
 
@@ -227,11 +313,11 @@ def _group_identity(group: dict, relaxed: bool = False) -> tuple:
 
 
 def common_for(param_groups: list[dict], saved: list[dict]) -> dict:
-    """The ordinary state dict of an optimizer with these (torch) param groups, from those saved
-    by the optimizers of any layout: each of its param groups is found by megatron's identifier
+    """The common record of an optimizer with these (torch) param groups, from those saved by
+    the optimizers of any layout: each of its param groups is found by megatron's identifier
     keys, with `is_expert_parallel` relaxed (megatron puts expert parameters into the dense
-    optimizer at EP1 and into their own at EP > 1; the group's hyperparameters and Adam's step
-    are the same either way)."""
+    optimizer at EP1 and into their own at EP > 1; the group's hyperparameters and the step are
+    the same either way)."""
     saved_groups = [g for state in saved for g in state["optimizer"]["param_groups"]]
     groups = []
     for group in param_groups:
@@ -245,22 +331,41 @@ def common_for(param_groups: list[dict], saved: list[dict]) -> dict:
     return {**saved[0], "optimizer": {**saved[0]["optimizer"], "param_groups": groups}}
 
 
+def _load_plain_common(opt: MegatronOptimizer, common: dict) -> None:
+    """Set a plain optimizer's hyperparameters, step and loss scaler from a common record."""
+    step = 0.0
+    for group, saved in zip(opt.optimizer.param_groups, common["optimizer"]["param_groups"],
+                            strict=True):
+        group.update({k: v for k, v in saved.items() if k not in ("params", "step")})
+        step = saved.get("step", step)
+    if getattr(opt, "grad_scaler", None) is not None and "grad_scaler" in common:
+        opt.grad_scaler.load_state_dict(common["grad_scaler"])
+    if isinstance(opt.optimizer, torch.optim.Adam):
+        for _, main in _main_params(opt):
+            opt.optimizer.state[main]["step"] = torch.tensor(float(step))
+    elif opt.config.optimizer == "adam":  # fused Adam: the step of each param group
+        for group in opt.optimizer.param_groups:
+            group["step"] = int(step)
+
+
 @torch.no_grad()
 def load_state_dict(optimizer: MegatronOptimizer, requested: dict, loaded: dict) -> None:
-    """Put the loaded boxes back into each parameter's flat slice. `requested` is what
+    """Put the loaded boxes back into each parameter's state. `requested` is what
     `sharded_state_dict(..., is_loading=True)` returned, `loaded` what dist_checkpointing read.
-    The number of inner optimizers may differ from the saving layout's (see `common_for`)."""
+    The number and kind of inner optimizers may differ from the saving layout's (see
+    `common_for`)."""
     for i, opt in enumerate(_inner_optimizers(optimizer)):
-        names, boxes = requested["boxes"][str(i)], loaded["boxes"][str(i)]
-        opt.load_state_dict(common_for(opt.optimizer.param_groups, loaded["common"]))
-        owned = [param for param, _ in _owned_params(opt)]
-        slices = [_param_states(opt, param) for param in owned]
-        for name in names:
-            index, key, begin = name.split("/")
-            value = boxes[name].reshape(-1)
-            slices[int(index)][key][int(begin):int(begin) + value.numel()].copy_(value)
-        for param, states in zip(owned, slices, strict=True):
-            tensors = opt._get_main_param_and_optimizer_states(param)  # keeps Adam's step
-            tensors["param"] = states.pop("fp32_param")
-            tensors.update(states)
-            opt._set_main_param_and_optimizer_states(param, tensors)
+        common = common_for(opt.optimizer.param_groups, loaded["common"])
+        if isinstance(opt, DistributedOptimizer):
+            opt.load_state_dict(common)  # replaces its state tensors: take the slices after
+        else:
+            _load_plain_common(opt, common)
+        slices = _state_slices(opt)
+        targets = [states for *_, states in slices]
+        copy_boxes(requested["boxes"][str(i)], loaded["boxes"][str(i)], targets)
+        if isinstance(opt, DistributedOptimizer):
+            for (param, *_), states in zip(slices, targets, strict=True):
+                tensors = opt._get_main_param_and_optimizer_states(param)  # keeps Adam's step
+                tensors["param"] = states.pop("fp32_param")
+                tensors.update(states)
+                opt._set_main_param_and_optimizer_states(param, tensors)

@@ -120,8 +120,10 @@ def _base_env() -> dict[str, str]:
 
 def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = None,
                  env: dict[str, str] | None = None, timeout: float = 600,
-                 expect_success: bool = True, launcher: str | None = None) -> Run:
-    """Run pretrain_gpt.py on `nproc` ranks. `launcher`: "fork" forks the ranks from a process
+                 expect_success: bool = True, launcher: str | None = None,
+                 module: str = "pretrain_gpt") -> Run:
+    """Run pretrain_gpt.py (or another `module` that plays its part) on `nproc` ranks.
+    `launcher`: "fork" forks the ranks from a process
     that has imported the trainer already (tests/forked_ranks.py: the same run, ~5 s of CPU less
     per rank); "user" runs it as a user would, `python` for one process and torchrun for
     several. Default: "fork", except where CUDA is present: the forkserver's imports leave CUDA
@@ -135,8 +137,7 @@ def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = Non
     full_env = _base_env()
     full_env.update(env or {})
     if launcher == "fork":
-        code, stdout, stderr = run_ranks("pretrain_gpt", [*args, *save_args], nproc, full_env,
-                                         timeout)
+        code, stdout, stderr = run_ranks(module, [*args, *save_args], nproc, full_env, timeout)
     else:
         assert launcher == "user", launcher
         command = [sys.executable]
@@ -144,7 +145,8 @@ def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = Non
             command += ["-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={nproc}"]
         proc = subprocess.run(
-            [*command, str(REPO / "pretrain_gpt.py"), *args, *save_args],
+            [*command, *([str(REPO / "pretrain_gpt.py")] if module == "pretrain_gpt"
+                         else ["-m", module]), *args, *save_args],
             cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
             start_new_session=True)  # its own process group: fault injection kills the group
         code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr

@@ -163,9 +163,9 @@ def save_weights_checkpoint(model: torch.nn.Module, record: ModelRecord, tokeniz
     partial = final.with_name(final.name + ".partial")
     partial.mkdir(parents=True)
     dist_checkpointing.save({"model": model.sharded_state_dict()}, str(partial))
-    layout = {"optimizer_format": None, "world_size": 1, "tensor_model_parallel_size": 1,
-              "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
-              "data_parallel_size": 1, "expert_model_parallel_size": 1,
+    layout = {"optimizer_format": None, "optimizer_saved": False, "world_size": 1,
+              "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+              "context_parallel_size": 1, "data_parallel_size": 1, "expert_model_parallel_size": 1,
               "expert_tensor_parallel_size": 1, "grad_buckets_per_rank": [0]}
     (partial / checkpointing.LAYOUT_FILE).write_text(json.dumps(layout, indent=1))
     (partial / checkpointing.RUN_STATE_FILE).write_text(RunState().to_json())

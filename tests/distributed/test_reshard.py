@@ -1,6 +1,6 @@
-"""Resharding on resume: a distributed-optimizer checkpoint with several gradient buckets, saved
-in one layout, loads into another with every weight and optimizer state as saved, and the next
-step's loss is the uninterrupted run's.
+"""Resharding on resume: a checkpoint with several gradient buckets, saved in one layout and
+optimizer sharding, loads into another with every weight and optimizer state as saved, and the
+next step's loss is the uninterrupted run's.
 
 Each source layout trains 4 steps without stopping and saves at step 3 on the way. The target
 layout loads step 3 twice: once skipping step 4 (`--iterations-to-skip 4`: nothing is computed or
@@ -60,13 +60,39 @@ LAYOUTS = {
                             "--decoder-first-pipeline-num-layers", "2",
                             "--num-virtual-stages-per-pipeline-rank", "2"]),
     "dp1-6-layers": (1, ["--num-layers", "6"]),
+    # Layouts named "-plain" train with a plain optimizer (no --use-distributed-optimizer):
+    # the same checkpoint format, so either sharding resumes the other.
+    "tp2-plain": (2, ["--tensor-model-parallel-size", "2"]),
+    "pp2-plain": (2, ["--pipeline-model-parallel-size", "2"]),
+    # At EP2 megatron chains a second plain optimizer for the experts too.
+    "moe-ep2-plain": (2, ["--num-experts", "4", "--disable-bias-linear",
+                          "--expert-model-parallel-size", "2"]),
+    "moe-ep1-plain": (1, ["--num-experts", "4", "--disable-bias-linear"]),
+    # SGD's per-parameter state is its momentum.
+    "sgd-tp2-plain": (2, ["--optimizer", "sgd", "--tensor-model-parallel-size", "2"]),
+    "sgd-pp2-plain": (2, ["--optimizer", "sgd", "--pipeline-model-parallel-size", "2"]),
+    # bf16: megatron's Float16Optimizer keeps fp32 copies of the weights, as ZeRO-1 does.
+    "bf16-dp2-plain": (2, ["--bf16"]),
+    "bf16-dp1": (1, ["--bf16"]),
 }
 # The last case keeps the layout: the same format then resumes bit for bit.
 CASES = [("tp2", "pp2"), ("dp2", "dp1"), ("dp1", "dp2"), ("moe-ep2", "moe-ep1"),
          ("moe-tp2-ep2-folded", "moe-ep1"), ("dp2-overlap-param-gather", "dp1"),
          ("pp2-uneven", "dp1-3-layers"), ("pp2-uneven-4", "pp2-4"),
-         ("pp2-uneven-vpp2", "dp1-6-layers"), ("tp2", "tp2")]
-OPTIMIZER_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
+         ("pp2-uneven-vpp2", "dp1-6-layers"), ("tp2", "pp2-plain"), ("tp2-plain", "dp2"),
+         ("moe-ep2-plain", "moe-ep1-plain"), ("moe-ep2-plain", "moe-ep1"),
+         ("sgd-tp2-plain", "sgd-pp2-plain"), ("bf16-dp2-plain", "bf16-dp1"), ("tp2", "tp2")]
+ADAM_STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
+SGD_STATES = ("fp32_param", "momentum_buffer")
+
+
+def _flags(name: str) -> tuple[int, list[str]]:
+    """(ranks, flags) of a layout."""
+    nproc, extra = LAYOUTS[name]
+    buckets = BUCKETS
+    if name.endswith("-plain"):
+        buckets = [flag for flag in BUCKETS if flag != "--use-distributed-optimizer"]
+    return nproc, [*buckets, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +102,10 @@ def sources(tmp_path_factory, data_cache):
 
     def run(name: str):
         if name not in runs:
-            nproc, extra = LAYOUTS[name]
+            nproc, flags = _flags(name)
             save = tmp_path_factory.mktemp(f"source-{name}")
-            runs[name] = run_pretrain([*TINY_GPT, "--data-cache-dir", data_cache, *BUCKETS, *RUN,
-                                       *extra, "--save-interval", "3"], nproc=nproc, save_dir=save)
+            runs[name] = run_pretrain([*TINY_GPT, "--data-cache-dir", data_cache, *flags, *RUN,
+                                       "--save-interval", "3"], nproc=nproc, save_dir=save)
         return runs[name]
 
     return run
@@ -107,8 +133,8 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     # Several buckets on every rank (the uneven split's one-layer first stage has 2).
     assert min(saved_layout["grad_buckets_per_rank"]) >= (2 if "uneven" in source else 4)
     load = _load_dir(uninterrupted.save_dir, 3, tmp_path / "load")
-    nproc, extra = LAYOUTS[target]
-    args = [*tiny, *BUCKETS, *RUN, *extra, "--load", str(load)]
+    nproc, flags = _flags(target)
+    args = [*tiny, *flags, *RUN, "--load", str(load)]
 
     as_loaded = run_pretrain([*args, "--iterations-to-skip", "4"], nproc=nproc,
                              save_dir=tmp_path / "as-loaded")
@@ -122,7 +148,7 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
     saved = global_tensors(saved_dir, tmp_path)
     resaved = global_tensors(resaved_dir, tmp_path)
     assert set(resaved) == set(saved)
-    for state in OPTIMIZER_STATES:
+    for state in SGD_STATES if "sgd" in source else ADAM_STATES:
         assert any(k.startswith(f"optimizer.state.{state}.") for k in saved), state
     worst = 0.0
     for key, tensor in saved.items():
@@ -130,7 +156,8 @@ def test_resharded_resume_keeps_the_state_and_the_loss(sources, tiny, tmp_path, 
         worst = max(worst, (resaved[key] - tensor).abs().max().item())
         assert torch.allclose(resaved[key], tensor, rtol=0, atol=1e-6), key
     # One Adam step count for every parameter group (their number follows the layout).
-    assert set(_adam_steps(resaved_dir)) == set(_adam_steps(saved_dir)) == {3}
+    assert set(_adam_steps(resaved_dir)) == set(_adam_steps(saved_dir)) == \
+        ({0} if "sgd" in source else {3})
 
     continued = run_pretrain(args, nproc=nproc, save_dir=tmp_path / "continued")
     (step,) = continued.records("train")
@@ -166,20 +193,35 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tm
     assert "shape mismatch" in refused.stderr
 
 
-def test_a_sharded_optimizer_state_into_an_unsharded_optimizer_is_refused_in_one_line(
-        sources, tiny, tmp_path):
-    """Distributed optimizer (or Megatron-FSDP) and plain optimizer states do not convert:
-    megatron-core failed with a KeyError deep in its loader (until 2026-12-07). Without the
-    optimizer state the weights load and training goes on."""
-    load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
-    plain = [*tiny, "--overlap-grad-reduce", *RUN, "--load", str(load)]
-    refused = run_pretrain(plain, expect_success=False)
+def test_a_checkpoint_saved_without_its_optimizer_state_says_so(tiny, tmp_path):
+    """A --no-save-optim checkpoint resumed with its optimizer state: until 2026-12-07 the error
+    was dist_checkpointing's missing keys under "cannot be read as <the same layout>"."""
+    saved = run_pretrain([*tiny, *BUCKETS, "--train-iters", "2", "--save-interval", "2",
+                          "--no-save-optim"], save_dir=tmp_path / "saved")
+    args = [*tiny, *BUCKETS, *RUN, "--load", str(saved.save_dir)]
+    refused = run_pretrain(args, expect_success=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "saved with optimizer sharding distributed_optimizer, this run's is none" \
+    assert "saved with --no-save-optim and holds no optimizer state: add --no-load-optim" \
         in refused.stderr
-    weights = run_pretrain([*plain, "--no-load-optim"], save_dir=tmp_path / "weights")
-    (step,) = weights.records("train")
-    assert step["iteration"] == 4
+    weights = run_pretrain([*args, "--no-load-optim"], save_dir=tmp_path / "weights")
+    assert [r["iteration"] for r in weights.records("train")] == [3, 4]
+
+
+def test_a_plain_optimizer_checkpoint_of_the_older_format_still_resumes(tiny, tmp_path):
+    """Until 2026-12-07 a plain optimizer saved in megatron-core's own format: such a checkpoint
+    resumes bit for bit into a plain optimizer, and is refused in one line by the distributed
+    optimizer (that format does not reshard)."""
+    plain = [*tiny, *(flag for flag in BUCKETS if flag != "--use-distributed-optimizer"), *RUN]
+    old = run_pretrain([*plain, "--save-interval", "3"], save_dir=tmp_path / "old",
+                       module="tests.distributed.legacy_plain_save")
+    layout = json.loads((old.save_dir / "iter_0000003" / "layout.json").read_text())
+    assert "optimizer_format_version" not in layout
+    load = _load_dir(old.save_dir, 3, tmp_path / "load")
+    continued = run_pretrain([*plain, "--load", str(load)], save_dir=tmp_path / "continued")
+    assert continued.records("train")[0]["loss"] == old.losses()[3]
+    refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--load", str(load)], expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "saved before 2026-12-07 by a plain optimizer" in refused.stderr
 
 
 def test_finetune_from_another_tokenizer_is_refused_in_one_line(sources, tiny, tmp_path):

@@ -4,7 +4,7 @@ One uninterrupted ZeRO-3 run of 20 steps with synchronous saves every 5 is the r
 every check. A second run is SIGKILLed after committing iteration 10; resumed from it with
 --async-save it is SIGKILLed again while the save of 15 is in flight, and resumed once more to
 the end: losses and checkpoint bytes must be the reference's bit for bit. Its iteration 10 also
-goes to ZeRO-1 and back (reshard).
+goes to ZeRO-1, on to a plain optimizer and back to ZeRO-3 (reshard).
 """
 
 from __future__ import annotations
@@ -87,28 +87,35 @@ def test_zero3_resumes_bitwise_after_sigkills_and_async_saves_write_what_sync_sa
             (straight.save_dir / name / "run_state.json").read_text()
 
 
-def test_zero3_reshards_to_zero1_and_back_with_the_uninterrupted_losses(straight, killed, tiny,
-                                                                         tmp_path):
+def test_zero3_reshards_to_zero1_to_a_plain_optimizer_and_back_with_the_uninterrupted_losses(
+        straight, killed, tiny, tmp_path):
     reference = straight.losses()
-    # ZeRO-3 (iteration 10) -> ZeRO-1: trains 11..15, saves 15 in the distributed-optimizer layout.
-    zero1 = run_pretrain([*tiny, *RUN, *ZERO1, "--exit-interval", "15", "--load",
+    # ZeRO-3 (iteration 10) -> ZeRO-1: trains 11..13, saves 13 in the distributed-optimizer
+    # layout.
+    zero1 = run_pretrain([*tiny, *RUN, *ZERO1, "--exit-interval", "13", "--load",
                           str(_load_dir(killed.save_dir, 10, tmp_path / "load1"))], nproc=2,
                          save_dir=tmp_path / "zero1")
-    saved = (tmp_path / "zero1" / "iter_0000015" / "layout.json").read_text()
+    saved = (tmp_path / "zero1" / "iter_0000013" / "layout.json").read_text()
     assert '"optimizer_sharding": "distributed_optimizer"' in saved
-    # ZeRO-1 (iteration 15) -> ZeRO-3: trains 16..20.
+    # ZeRO-1 (iteration 13) -> a plain optimizer, each rank all of the state: trains 14..17.
+    plain = run_pretrain([*tiny, *RUN, "--exit-interval", "17", "--load",
+                          str(_load_dir(tmp_path / "zero1", 13, tmp_path / "load-plain"))],
+                         nproc=2, save_dir=tmp_path / "plain")
+    saved = (tmp_path / "plain" / "iter_0000017" / "layout.json").read_text()
+    assert '"optimizer_sharding": "none"' in saved
+    # The plain optimizer (iteration 17) -> ZeRO-3: trains 18..20.
     zero3 = run_pretrain([*tiny, *RUN, *ZERO3, "--load",
-                          str(_load_dir(tmp_path / "zero1", 15, tmp_path / "load3"))], nproc=2,
+                          str(_load_dir(tmp_path / "plain", 17, tmp_path / "load3"))], nproc=2,
                          save_dir=tmp_path / "zero3")
-    losses = zero1.losses() + zero3.losses()
-    assert [r["iteration"] for r in zero1.records("train") + zero3.records("train")] == \
-        list(range(11, 21))
+    runs = (zero1, plain, zero3)
+    losses = [loss for run in runs for loss in run.losses()]
+    assert [r["iteration"] for run in runs for r in run.records("train")] == list(range(11, 21))
     gap = max(abs(a - b) for a, b in zip(losses, reference[10:], strict=True))
     assert gap <= 1e-6
-    ours = global_tensors(tmp_path / "zero1" / "iter_0000015", tmp_path)
+    ours = global_tensors(tmp_path / "plain" / "iter_0000015", tmp_path)
     theirs = global_tensors(straight.save_dir / "iter_0000015", tmp_path)
     assert set(ours) == set(theirs)
     worst = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
     assert worst <= 1e-6
-    report(f"ZeRO-3 -> ZeRO-1 -> ZeRO-3 (DP=2): largest loss gap to the uninterrupted run over "
-           f"10 steps {gap:.1e}, largest tensor gap at iteration 15 {worst:.1e}")
+    report(f"ZeRO-3 -> ZeRO-1 -> plain -> ZeRO-3 (DP=2): largest loss gap to the uninterrupted "
+           f"run over 10 steps {gap:.1e}, largest tensor gap at iteration 15 {worst:.1e}")
