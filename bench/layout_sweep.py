@@ -169,6 +169,8 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path) -> int:
         name = f"{kind} world {world} {' '.join(layout)}{then}"
         if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
             outcome["refused in one line at start"] += 1  # platform limits, refused reshards
+            reason = run.stderr.strip().splitlines()[-1]
+            print(f"refused  at start  {name}\n  {reason}", flush=True)
             continue
         trained += 1
         if run.returncode != 0:

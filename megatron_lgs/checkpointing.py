@@ -377,10 +377,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                   f"state loaded, RNG streams start fresh", flush=True)
     lgs_file = directory / "lgs" / f"rank_{dist.get_rank():05d}.pt"
     if lgs is not None and lgs_file.is_file():
-        try:
-            lgs.load_state_dict(torch.load(lgs_file, weights_only=True))
-        except ValueError as exc:
-            raise ConfigError(f"{lgs_file}: {exc}") from None
+        lgs.load_state_dict(torch.load(lgs_file, weights_only=True), same_layout)
     return True
 
 

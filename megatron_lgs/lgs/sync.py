@@ -436,14 +436,20 @@ class LgsEngine:
                 "gather": [{u: t.clone() for u, t in bs.gather_residual.items()}
                            for bs in self.buffers]}
 
-    def load_state_dict(self, state: dict) -> None:
-        has_residual = any(state["send"]) or any(state["gather"])
-        if has_residual and state["layout"] != self.layout():
-            raise ValueError("the checkpoint's LGS error-feedback residuals were saved with "
-                             "another data-parallel layout or model; they cannot be restored")
-        if has_residual and self.config.lgs_compress != "int8":
+    def load_state_dict(self, state: dict, same_layout: bool = True) -> None:
+        """Restore this rank's residuals, saved by the rank of the same number. A residual is the
+        part of this rank's gradient INT8 has not sent yet: it belongs to this rank's place in
+        the saving layout and to its buckets, so after a change of either (`same_layout`: the
+        parallel layout is the checkpoint's) it starts from zero, as in a fresh run."""
+        if not (any(state["send"]) or any(state["gather"])):
+            return
+        if self.config.lgs_compress != "int8":
             self.log(" warning: the checkpoint holds INT8 error-feedback residuals; this run "
                      "does not compress, so they are dropped")
+            return
+        if not same_layout or state["layout"] != self.layout():
+            self.log(" the parallel layout or the LGS buckets changed since the checkpoint: its "
+                     "INT8 error-feedback residuals (gradient not yet sent) start from zero")
             return
         for bs, send, gather in zip(self.buffers, state["send"], state["gather"], strict=True):
             bs.send_residual = {int(u): t.clone() for u, t in send.items()}
