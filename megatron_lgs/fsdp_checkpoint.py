@@ -33,7 +33,13 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataPa
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.utils import unwrap_model
 
-from megatron_lgs.optimizer_checkpoint import ReshardError, common_for, copy_boxes, slice_boxes
+from megatron_lgs.optimizer_checkpoint import (
+    ReshardError,
+    common_for,
+    copy_boxes,
+    load_common,
+    slice_boxes,
+)
 
 MAPPING_ATTR = "checkpoint_mapping"
 OPTIMIZER_STATES = ("exp_avg", "exp_avg_sq")
@@ -170,20 +176,11 @@ def load_state_dict(model: list, optimizer: MegatronOptimizer, requested: dict, 
     if load_optimizer:
         opt = optimizer
         common = common_for(opt.optimizer.param_groups, loaded["optimizer"]["common"])
-        step = None
-        for group, saved in zip(opt.optimizer.param_groups, common["optimizer"]["param_groups"],
-                                strict=True):
-            group.update({k: v for k, v in saved.items() if k not in ("params", "step")})
-            step = saved.get("step", step)
-        if opt.grad_scaler is not None and "grad_scaler" in common:
-            opt.grad_scaler.load_state_dict(common["grad_scaler"])
+        # Only ranges that exist on this rank hold a step (`_allocate_adam_state`).
+        load_common(opt, common, [s.main for s in shards if s.start < s.end])
         targets = [_states(opt, s) if s.start < s.end else {} for s in shards]
         copy_boxes(requested["optimizer"]["boxes"]["0"], loaded["optimizer"]["boxes"]["0"],
                    targets)
-        for shard in shards:
-            if shard.start < shard.end:
-                # torch's Adam keeps one step tensor per parameter; megatron saves the common one.
-                opt.optimizer.state[shard.main]["step"] = torch.tensor(float(step))
     else:  # weights only (--finetune, --no-load-optim): the main weights start from them
         targets = [{"weight": _flat(s.main)} for s in shards]
         weights = [name for name in requested["model"] if not name.startswith(EXTRA_STATE)]

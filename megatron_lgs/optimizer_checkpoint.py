@@ -331,8 +331,10 @@ def common_for(param_groups: list[dict], saved: list[dict]) -> dict:
     return {**saved[0], "optimizer": {**saved[0]["optimizer"], "param_groups": groups}}
 
 
-def _load_plain_common(opt: MegatronOptimizer, common: dict) -> None:
-    """Set a plain optimizer's hyperparameters, step and loss scaler from a common record."""
+def load_common(opt: MegatronOptimizer, common: dict, mains: list[torch.Tensor]) -> None:
+    """Set the hyperparameters, the step and the loss scaler of a plain optimizer or of
+    Megatron-FSDP's from a common record; `mains`: the optimizer's parameters that hold a step
+    (torch's Adam keeps one per parameter, a fused Adam one per param group)."""
     step = 0.0
     for group, saved in zip(opt.optimizer.param_groups, common["optimizer"]["param_groups"],
                             strict=True):
@@ -341,9 +343,9 @@ def _load_plain_common(opt: MegatronOptimizer, common: dict) -> None:
     if getattr(opt, "grad_scaler", None) is not None and "grad_scaler" in common:
         opt.grad_scaler.load_state_dict(common["grad_scaler"])
     if isinstance(opt.optimizer, torch.optim.Adam):
-        for _, main in _main_params(opt):
+        for main in mains:
             opt.optimizer.state[main]["step"] = torch.tensor(float(step))
-    elif opt.config.optimizer == "adam":  # fused Adam: the step of each param group
+    elif opt.config.optimizer == "adam":  # fused Adam
         for group in opt.optimizer.param_groups:
             group["step"] = int(step)
 
@@ -359,7 +361,7 @@ def load_state_dict(optimizer: MegatronOptimizer, requested: dict, loaded: dict)
         if isinstance(opt, DistributedOptimizer):
             opt.load_state_dict(common)  # replaces its state tensors: take the slices after
         else:
-            _load_plain_common(opt, common)
+            load_common(opt, common, [main for _, main in _main_params(opt)])
         slices = _state_slices(opt)
         targets = [states for *_, states in slices]
         copy_boxes(requested["boxes"][str(i)], loaded["boxes"][str(i)], targets)

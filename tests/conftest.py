@@ -123,12 +123,12 @@ def run_pretrain(args: list[str], *, nproc: int = 1, save_dir: Path | None = Non
                  expect_success: bool = True, launcher: str | None = None,
                  module: str = "pretrain_gpt") -> Run:
     """Run pretrain_gpt.py (or another `module` that plays its part) on `nproc` ranks.
-    `launcher`: "fork" forks the ranks from a process
-    that has imported the trainer already (tests/forked_ranks.py: the same run, ~5 s of CPU less
-    per rank); "user" runs it as a user would, `python` for one process and torchrun for
-    several. Default: "fork", except where CUDA is present: the forkserver's imports leave CUDA
-    initialized, which a forked process cannot use ("Cannot re-initialize CUDA in forked
-    subprocess", on the GPU machine, 2026-12-04)."""
+    `launcher`: "fork" forks the ranks from a process that has imported the trainer already
+    (tests/forked_ranks.py: the same run, ~5 s of CPU less per rank); "user" runs it as a user
+    would, `python` for one process and torchrun for several. Default: "fork", except where
+    CUDA is present: the forkserver's imports leave CUDA initialized, which a forked process
+    cannot use ("Cannot re-initialize CUDA in forked subprocess", on the GPU machine,
+    2026-12-04)."""
     if launcher is None:
         import torch
 
