@@ -275,11 +275,12 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
                     lgs: LgsEngine | None = None, datasets: Datasets | None = None,
-                    legacy_config_fingerprint: str | None = None) -> bool:
+                    config_fingerprints: Callable[[int], set[str]] | None = None) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
     none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
-    with --finetune one whose vocabulary is not `datasets`'s. `legacy_config_fingerprint`:
-    this run's config fingerprint as checkpoints saved before 2026-12-07 carry it."""
+    with --finetune one whose vocabulary is not `datasets`'s. `config_fingerprints(batch)`:
+    the fingerprints a checkpoint of this run saved at global batch size `batch` may carry
+    (`run_state.config_fingerprints`; default: only this run's own)."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -288,15 +289,23 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
     if not cfg.finetune:
         legacy = datasets.legacy_fingerprint if datasets else None  # saved before 2026-12-06
-        accepted = {"config_fingerprint": {state.config_fingerprint,
-                                           legacy_config_fingerprint} - {None},
+        # Checkpoints saved before 2026-12-07 do not record their batch size: it may not change.
+        batch = saved.global_batch_size or state.global_batch_size
+        accepted = {"config_fingerprint": (config_fingerprints(batch) if config_fingerprints
+                                           else {state.config_fingerprint}),
                     "data_fingerprint": {state.data_fingerprint, legacy} - {None}}
         for name, values in accepted.items():
             if getattr(saved, name) not in values:
                 raise ConfigError(
                     f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
                     f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
-                    f"seed, batch or data settings changed. Use --finetune to load only weights")
+                    f"seed or data settings changed (or the batch size, which checkpoints "
+                    f"saved before 2026-12-07 do not record). Use --finetune to load only "
+                    f"weights")
+        if batch != state.global_batch_size and dist.get_rank() == dist.get_world_size() - 1:
+            print(f" global batch size changed from {batch} to {state.global_batch_size}: the "
+                  f"run continues at sample {saved.consumed_train_samples} with the new batch",
+                  flush=True)
     elif datasets is not None:
         model_record.check_finetune_vocabulary(directory, datasets.tokenizer_file,
                                                datasets.vocab_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from megatron_lgs.run_config import Config, ModelConfig, OptimizerConfig
 
@@ -24,6 +24,9 @@ class RunState:
     stability: dict = field(default_factory=dict)
     data_mix: dict = field(default_factory=dict)  # every window's domain weights so far
     lgs_autotune: dict = field(default_factory=dict)  # rank 0's threshold search (--lgs-autotune)
+    # The run's --global-batch-size (the ramp-up's target); 0 in checkpoints saved before
+    # 2026-12-07. A resume may change it (`config_fingerprints`), not restored.
+    global_batch_size: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -56,6 +59,16 @@ def config_fingerprint(cfg: Config) -> str:
     them is not a continuation of the same run (use --finetune to load the weights anyway).
     Run length, logging and checkpoint paths are free to change."""
     return _hash(fingerprinted(cfg))
+
+
+def config_fingerprints(cfg: Config, global_batch_size: int) -> set[str]:
+    """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry:
+    today's and the one of checkpoints saved before 2026-12-07. The batch size is hashed, so a
+    resume that changes only it matches the saving run's fingerprint at the saved batch size:
+    the run continues at its consumed-sample count with the new batch, as in Megatron-LM
+    (every sample is a function of its global index, the LR schedule runs per step)."""
+    at = replace(cfg, training=replace(cfg.training, global_batch_size=global_batch_size))
+    return {config_fingerprint(at), legacy_config_fingerprint(at)}
 
 
 def legacy_config_fingerprint(cfg: Config) -> str:

@@ -35,7 +35,7 @@ from megatron_lgs.optim import (
 )
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_config import Config, ConfigError
-from megatron_lgs.run_state import RunState, config_fingerprint, legacy_config_fingerprint
+from megatron_lgs.run_state import RunState, config_fingerprint, config_fingerprints
 from megatron_lgs.training_log import TrainingLog, print_rank_0, print_rank_last
 
 # (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
@@ -119,7 +119,8 @@ class Trainer:
         self.said_combined_1f1b = False
         self.forward_backward = get_forward_backward_func()
         self.state = RunState(config_fingerprint=config_fingerprint(cfg),
-                              data_fingerprint=self.datasets.fingerprint)
+                              data_fingerprint=self.datasets.fingerprint,
+                              global_batch_size=cfg.training.global_batch_size)
         self.monitor = stability.StabilityMonitor(cfg.stability)
         self.exit_conditions = ExitConditions(cfg.training.exit_signal_handler,
                                               cfg.training.exit_duration_in_mins)
@@ -149,7 +150,7 @@ class Trainer:
     def _load(self, ckpt_cfg) -> bool:
         loaded = checkpointing.load_checkpoint(
             ckpt_cfg, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
-            self.datasets, legacy_config_fingerprint(self.cfg))
+            self.datasets, partial(config_fingerprints, self.cfg))
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.tuning:

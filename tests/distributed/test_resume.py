@@ -100,3 +100,32 @@ def test_a_resume_may_turn_recompute_on(straight, tiny, tmp_path):
         run = run_pretrain([*args, *recompute, "--load", str(save)], expect_success=False,
                            save_dir=tmp_path / fingerprint)
         assert (run.returncode == 0) is resumes, run.stderr[-500:]
+
+
+def test_a_resume_may_change_the_global_batch_size(tiny, tmp_path):
+    """A run stopped at iteration 2 with batch 8 and resumed with batch 16 continues at sample 16
+    with the bigger batch: the same steps, bit for bit, as one run whose batch ramps from 8 to 16
+    at sample 16. Until 2026-12-07 such a resume was refused as another run; it still is from a
+    checkpoint that does not record its batch size (saved before)."""
+    args = [*tiny, "--train-iters", "4", "--log-interval", "1"]
+    assert args[args.index("--global-batch-size") + 1] == "8"
+    bigger = ["--global-batch-size", "16"]
+    ramped = run_pretrain([*args, *bigger, "--rampup-batch-size", "8", "8", "16"],
+                          save_dir=tmp_path / "ramped").losses()
+    save = tmp_path / "ckpt"
+    run_pretrain([*args, "--exit-interval", "2"], save_dir=save)
+    resumed = run_pretrain([*args, *bigger, "--load", str(save)], save_dir=tmp_path / "resumed")
+    assert "global batch size changed from 8 to 16: the run continues at sample 16" \
+        in resumed.stdout
+    steps = resumed.records("train")
+    assert [r["iteration"] for r in steps] == [3, 4]
+    assert [r["loss"] for r in steps] == ramped[2:]
+
+    state_file = save / "iter_0000002" / RUN_STATE_FILE
+    state = json.loads(state_file.read_text())
+    state.pop("global_batch_size")
+    state_file.write_text(json.dumps(state))
+    refused = run_pretrain([*args, *bigger, "--load", str(save)], expect_success=False,
+                           save_dir=tmp_path / "legacy")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "its config fingerprint" in refused.stderr and "do not record" in refused.stderr
