@@ -46,7 +46,11 @@ from megatron.core.dist_checkpointing.mapping import (
 )
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-from megatron.core.optimizer.optimizer import param_group_identifier_keys
+from megatron.core.optimizer.optimizer import (
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,
+    param_group_identifier_keys,
+)
 
 FORMAT = "model_space_boxes"
 # 2 (2026-12-07): plain optimizers save in this format too; before, in megatron-core's own.
@@ -205,12 +209,14 @@ def _main_params(opt: MegatronOptimizer) -> list[tuple[torch.Tensor, torch.Tenso
     """(model parameter, the optimizer's parameter) of a plain optimizer: megatron's
     Float16OptimizerWithFloat16Params keeps an fp32 copy of each bf16/fp16 parameter, its
     FP32Optimizer steps the model's parameters themselves."""
-    if hasattr(opt, "fp32_from_float16_groups"):
+    if isinstance(opt, Float16OptimizerWithFloat16Params):
         pairs = [(model, main) for models, mains in zip(opt.float16_groups,
                                                         opt.fp32_from_float16_groups, strict=True)
                  for model, main in zip(models, mains, strict=True)]
         return pairs + [(p, p) for group in opt.fp32_from_fp32_groups for p in group]
-    return [(p, p) for group in opt.optimizer.param_groups for p in group["params"]]
+    if isinstance(opt, FP32Optimizer):
+        return [(p, p) for group in opt.optimizer.param_groups for p in group["params"]]
+    raise ReshardError(f"{type(opt).__name__}: this optimizer's state has no checkpoint mapping")
 
 
 def _plain_state_names(opt: MegatronOptimizer) -> tuple[str, ...]:
