@@ -333,6 +333,12 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                           f"{run_layout['optimizer_sharding']}: resume with the saving run's "
                           f"optimizer flags, or add --no-load-optim to load the weights and "
                           f"start the optimizer afresh")
+    if legacy_plain and any(getattr(o, "init_state_fn", None) is None
+                            for o in getattr(optimizer, "chained_optimizers", [optimizer])):
+        raise ConfigError(f"--load {directory}: its optimizer state was saved before 2026-12-07 "
+                          f"by --optimizer sgd in megatron-core's format, which megatron-core "
+                          f"0.16.1 cannot load (its SGD has no init_state_fn): add "
+                          f"--no-load-optim to load the weights and start the optimizer afresh")
     sharded = _sharded_state_dict(model, optimizer if load_optim else None, is_loading=True,
                                   legacy_plain=legacy_plain)
     try:

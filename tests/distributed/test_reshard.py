@@ -210,7 +210,7 @@ def test_a_checkpoint_saved_without_its_optimizer_state_says_so(tiny, tmp_path):
 def test_a_plain_optimizer_checkpoint_of_the_older_format_still_resumes(tiny, tmp_path):
     """Until 2026-12-07 a plain optimizer saved in megatron-core's own format: such a checkpoint
     resumes bit for bit into a plain optimizer, and is refused in one line by the distributed
-    optimizer (that format does not reshard)."""
+    optimizer (that format does not reshard), and so is SGD's."""
     plain = [*tiny, *(flag for flag in BUCKETS if flag != "--use-distributed-optimizer"), *RUN]
     old = run_pretrain([*plain, "--save-interval", "3"], save_dir=tmp_path / "old",
                        module="tests.distributed.legacy_plain_save")
@@ -222,6 +222,13 @@ def test_a_plain_optimizer_checkpoint_of_the_older_format_still_resumes(tiny, tm
     refused = run_pretrain([*tiny, *BUCKETS, *RUN, "--load", str(load)], expect_success=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "saved before 2026-12-07 by a plain optimizer" in refused.stderr
+    # SGD's, which megatron-core cannot load at all (it died with a TypeError), says so.
+    sgd = [*plain, "--optimizer", "sgd"]
+    old_sgd = run_pretrain([*sgd, "--save-interval", "3"], save_dir=tmp_path / "old-sgd",
+                           module="tests.distributed.legacy_plain_save")
+    refused = run_pretrain([*sgd, "--load", str(old_sgd.save_dir)], expect_success=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "by --optimizer sgd in megatron-core's format" in refused.stderr
 
 
 def test_finetune_from_another_tokenizer_is_refused_in_one_line(sources, tiny, tmp_path):
