@@ -15,11 +15,13 @@ draws the optimizer's sharding anew too.
 
 With --resume each run stops after 2 steps with a checkpoint and takes its last 2 in another
 drawn layout of the same model, loaded from it (resharding on resume; the fourth step's loss
-is the first that the loaded optimizer state moves).
+is the first that the loaded optimizer state moves). With --grow-batch as well the resume is at
+global batch 16, and the one process's batch ramps from 8 to 16 where the resume takes over.
 
     python bench/layout_sweep.py --runs 100 --seed 1            # ~6 s a run on 2 cores
     python bench/layout_sweep.py --runs 60 --seed 3 --resume
     python bench/layout_sweep.py --runs 60 --seed 6 --bf16 [--resume]
+    python bench/layout_sweep.py --runs 50 --seed 8 --resume --grow-batch
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ TOLERANCE = 1e-4
 # ZeRO-1, TP2+SP x ZeRO-1), an MoE layout's within 7.4e-4 (routing in bf16; `--seed 6`,
 # 2026-12-07); the faults the fp32 sweep found moved them by 1.7e-3 to 8e-2.
 BF16_TOLERANCE = 1e-3
+# --grow-batch: the resumed run's batch, and the one-process run that steps to it where the
+# resume does (sample 16: 2 steps of the base's 8).
+GROWN_BATCH = ["--global-batch-size", "16"]
+RAMP_TO_GROWN = [*GROWN_BATCH, "--rampup-batch-size", "8", "8", "16"]
 # Flags a layout draw may add that change the model, not its layout (valueless flags only).
 MODEL_FLAGS = ("--qk-layernorm", "--untie-embeddings-and-output-weights")
 
@@ -145,17 +151,21 @@ def main() -> int:
                     help="stop each run after 2 steps and resume it in another drawn layout")
     ap.add_argument("--bf16", action="store_true",
                     help=f"train in bf16 (references too), within {BF16_TOLERANCE}")
+    ap.add_argument("--grow-batch", action="store_true",
+                    help="with --resume: resume at global batch 16 (from 8)")
     args = ap.parse_args()
+    if args.grow_batch and not args.resume:
+        ap.error("--grow-batch resumes at another batch size: add --resume")
     rng, work = random.Random(args.seed), Path(tempfile.mkdtemp(prefix="layout-sweep-"))
     base, tolerance = ([*BASE, "--bf16"], BF16_TOLERANCE) if args.bf16 else (BASE, TOLERANCE)
     try:
-        return sweep(args.runs, args.resume, rng, work, base, tolerance)
+        return sweep(args.runs, args.resume, rng, work, base, tolerance, args.grow_batch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path, base: list[str],
-          tolerance: float) -> int:
+          tolerance: float, grow_batch: bool = False) -> int:
     cache = str(work / "data")
     references: dict[tuple[str, tuple[str, ...]], list[float]] = {}
     outcome: Counter[str] = Counter()
@@ -166,14 +176,17 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path, base: li
         if refused(argv, world):
             outcome["refused in one line"] += 1
             continue
+        resume = other_layout(rng, kind, layout, cache, base) if resume_each else None
+        if resume is not None and grow_batch:
+            resume = resume[0], [*resume[1], *GROWN_BATCH]
         # The reference runs the same model (and, as MoE's load-balancing loss is per
         # micro-batch, the same micro-batch size) in one process.
         same = tuple(f for f in layout if f in MODEL_FLAGS) + \
-            ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1])
+            ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1]) + \
+            (tuple(RAMP_TO_GROWN) if grow_batch else ())
         if (kind, same) not in references:
             references[kind, same] = run_pretrain(
                 [*base, *model, "--data-cache-dir", cache, *same]).logged_losses()
-        resume = other_layout(rng, kind, layout, cache, base) if resume_each else None
         saved = work / "checkpoint"
         then, run = trial(argv, world, resume, saved)
         shutil.rmtree(saved, ignore_errors=True)
