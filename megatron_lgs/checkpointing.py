@@ -274,13 +274,13 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
-                    lgs: LgsEngine | None = None, datasets: Datasets | None = None,
-                    config_fingerprints: Callable[[int], set[str]] | None = None) -> bool:
+                    lgs: LgsEngine | None, datasets: Datasets | None,
+                    config_fingerprints: Callable[[int], set[str]]) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
     none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
     with --finetune one whose vocabulary is not `datasets`'s. `config_fingerprints(batch)`:
     the fingerprints a checkpoint of this run saved at global batch size `batch` may carry
-    (`run_state.config_fingerprints`; default: only this run's own)."""
+    (`run_state.config_fingerprints`)."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -291,8 +291,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         legacy = datasets.legacy_fingerprint if datasets else None  # saved before 2026-12-06
         # Checkpoints saved before 2026-12-07 do not record their batch size: it may not change.
         batch = saved.global_batch_size or state.global_batch_size
-        accepted = {"config_fingerprint": (config_fingerprints(batch) if config_fingerprints
-                                           else {state.config_fingerprint}),
+        accepted = {"config_fingerprint": config_fingerprints(batch),
                     "data_fingerprint": {state.data_fingerprint, legacy} - {None}}
         for name, values in accepted.items():
             if getattr(saved, name) not in values:
@@ -334,7 +333,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                           f"optimizer flags, or add --no-load-optim to load the weights and "
                           f"start the optimizer afresh")
     if legacy_plain and any(getattr(o, "init_state_fn", None) is None
-                            for o in getattr(optimizer, "chained_optimizers", [optimizer])):
+                            for o in optimizer_checkpoint.inner_optimizers(optimizer)):
         raise ConfigError(f"--load {directory}: its optimizer state was saved before 2026-12-07 "
                           f"by --optimizer sgd in megatron-core's format, which megatron-core "
                           f"0.16.1 cannot load (its SGD has no init_state_fn): add "
@@ -352,7 +351,7 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     if fsdp_checkpoint.is_fsdp(model):
         fsdp_checkpoint.load_state_dict(model, optimizer, sharded, loaded, load_optim)
     else:
-        _load_unsharded(model, optimizer, sharded, loaded, load_optim)
+        _load_unsharded(model, optimizer, sharded, loaded, load_optim, legacy_plain)
     if cfg.finetune:
         return True
 
@@ -397,11 +396,11 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
 
 
 def _load_unsharded(model: list, optimizer: MegatronOptimizer, sharded: dict, loaded: dict,
-                    load_optim: bool) -> None:
+                    load_optim: bool, legacy_plain: bool) -> None:
     """Megatron DDP's chunks (optionally with the distributed optimizer): what was read."""
     for key, chunk in zip(_model_keys(model), unwrap_model(model), strict=True):
         chunk.load_state_dict(loaded[key])
-    if load_optim and "boxes" in sharded["optimizer"]:
-        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])
-    elif load_optim:  # legacy_plain
+    if load_optim and legacy_plain:
         optimizer.load_state_dict(loaded["optimizer"])
+    elif load_optim:
+        optimizer_checkpoint.load_state_dict(optimizer, sharded["optimizer"], loaded["optimizer"])

@@ -293,7 +293,7 @@ def _sharded(opt: MegatronOptimizer, by_param: dict, is_loading: bool) -> dict:
     return boxes
 
 
-def _inner_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
+def inner_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
@@ -303,7 +303,7 @@ def sharded_state_dict(optimizer: MegatronOptimizer, model_sharded: ShardedState
     ranks) and this rank's boxes of every parameter's state."""
     by_param = {sh.data: sh for sh in nested_values(model_sharded)
                 if isinstance(sh, ShardedTensor | ShardedTensorFactory)}
-    inners = _inner_optimizers(optimizer)
+    inners = inner_optimizers(optimizer)
     return {
         "common": [o.state_dict() if isinstance(o, DistributedOptimizer) else _plain_common(o)
                    for o in inners],
@@ -362,7 +362,7 @@ def load_state_dict(optimizer: MegatronOptimizer, requested: dict, loaded: dict)
     `sharded_state_dict(..., is_loading=True)` returned, `loaded` what dist_checkpointing read.
     The number and kind of inner optimizers may differ from the saving layout's (see
     `common_for`)."""
-    for i, opt in enumerate(_inner_optimizers(optimizer)):
+    for i, opt in enumerate(inner_optimizers(optimizer)):
         common = common_for(opt.optimizer.param_groups, loaded["common"])
         if isinstance(opt, DistributedOptimizer):
             opt.load_state_dict(common)  # replaces its state tensors: take the slices after
