@@ -295,6 +295,14 @@ def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
     _add(g, "--no-load-optim", c.no_load_optim)
     _add(g, "--no-load-rng", c.no_load_rng)
     _add(g, "--finetune", c.finetune)
+    # Megatron-LM's spelling, and the all-hyphen one.
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on resume, take this run's LR schedule where it differs from the "
+                   "checkpoint's (the step count continues)")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on resume, keep the checkpoint's LR schedule where this run's differs")
 
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=[],

@@ -37,7 +37,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException as DcpException
 
-from megatron_lgs import fsdp_checkpoint, model_record, optimizer_checkpoint
+from megatron_lgs import fsdp_checkpoint, model_record, optimizer_checkpoint, schedule_resume
 from megatron_lgs.async_save import AsyncSaves
 from megatron_lgs.lgs.sync import LgsEngine
 from megatron_lgs.model import num_transformer_layers
@@ -228,7 +228,7 @@ def save_checkpoint(cfg: CheckpointConfig, state: RunState, model,
         partial.mkdir(parents=True)
     dist.barrier()
 
-    state.scheduler = scheduler.state_dict()
+    state.scheduler = schedule_resume.state_dict(scheduler)
     run_layout = {**layout(model), "optimizer_saved": not cfg.no_save_optim}
     _gather_deferred_weights(model)
     sharded = _sharded_state_dict(model, None if cfg.no_save_optim else optimizer,
@@ -275,12 +275,11 @@ def _commit(root: Path, partial: Path, final: Path, iteration: int, run_state: s
 def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
                     lgs: LgsEngine | None, datasets: Datasets | None,
-                    config_fingerprints: Callable[[int], set[str]]) -> bool:
+                    config_mismatch: Callable[[RunState], str | None]) -> bool:
     """Restore from the newest complete checkpoint under --load. Returns False when there is
     none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
-    with --finetune one whose vocabulary is not `datasets`'s. `config_fingerprints(batch)`:
-    the fingerprints a checkpoint of this run saved at global batch size `batch` may carry
-    (`run_state.config_fingerprints`)."""
+    with --finetune one whose vocabulary is not `datasets`'s. `config_mismatch(saved)`: why a
+    checkpoint whose run state is `saved` is not this run's, or None (`run_state`)."""
     assert cfg.load is not None
     iteration = latest_iteration(cfg.load)
     if iteration is None:
@@ -289,18 +288,16 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     saved = RunState.from_json((directory / RUN_STATE_FILE).read_text())
     if not cfg.finetune:
         legacy = datasets.legacy_fingerprint if datasets else None  # saved before 2026-12-06
+        mismatch = config_mismatch(saved)
+        if mismatch is None and saved.data_fingerprint not in {state.data_fingerprint, legacy}:
+            mismatch = (f"its data fingerprint ({saved.data_fingerprint}) differs from this "
+                        f"run's ({state.data_fingerprint}): the data settings changed")
+        if mismatch:
+            raise ConfigError(f"--load {directory}: {mismatch}. Use --finetune to load only "
+                              f"weights")
+        schedule_line = schedule_resume.check(saved.scheduler, scheduler, cfg, directory)
         # Checkpoints saved before 2026-12-07 do not record their batch size: it may not change.
         batch = saved.global_batch_size or state.global_batch_size
-        accepted = {"config_fingerprint": config_fingerprints(batch),
-                    "data_fingerprint": {state.data_fingerprint, legacy} - {None}}
-        for name, values in accepted.items():
-            if getattr(saved, name) not in values:
-                raise ConfigError(
-                    f"--load {directory}: its {name.replace('_', ' ')} ({getattr(saved, name)}) "
-                    f"differs from this run's ({getattr(state, name)}); the model, optimizer, "
-                    f"seed or data settings changed (or the batch size, which checkpoints "
-                    f"saved before 2026-12-07 do not record). Use --finetune to load only "
-                    f"weights")
         if batch != state.global_batch_size and dist.get_rank() == dist.get_world_size() - 1:
             print(f" global batch size changed from {batch} to {state.global_batch_size}: the "
                   f"run continues at sample {saved.consumed_train_samples} with the new batch",
@@ -355,10 +352,9 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
     if cfg.finetune:
         return True
 
-    # megatron's scheduler load *advances* by the saved step count from wherever it is; from a
-    # trained-on scheduler (a rollback) that would overshoot, so start it from zero.
-    scheduler.num_steps = 0
-    scheduler.load_state_dict(saved.scheduler)
+    schedule_resume.restore(scheduler, saved.scheduler, cfg)
+    if schedule_line and dist.get_rank() == dist.get_world_size() - 1:
+        print(schedule_line, flush=True)
     for name in ("iteration", "consumed_train_samples", "skipped_iterations", "nan_iterations",
                  "iterations_to_skip", "stability", "data_mix", "lgs_autotune"):
         setattr(state, name, getattr(saved, name))

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from megatron_lgs.run_config import Config, ModelConfig, OptimizerConfig
+from megatron_lgs.schedule_resume import SCHEDULE_FIELDS
 
 
 @dataclass
@@ -27,6 +28,8 @@ class RunState:
     # The run's --global-batch-size (the ramp-up's target); 0 in checkpoints saved before
     # 2026-12-07. A resume may change it (`config_fingerprints`), not restored.
     global_batch_size: int = 0
+    # `config_settings` of the saving run; empty in checkpoints saved before 2026-12-08.
+    config: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -54,28 +57,80 @@ _SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
     "moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")}
 
 
+# The LR and weight-decay schedule: a resume checks it against the checkpoint's scheduler state
+# (`schedule_resume`), as Megatron-LM does, and may change it with --override-opt_param-scheduler.
+# Its defaults stand in, so a run on the default schedule has the fingerprint it always had.
+# Since 2026-12-08. --lr-decay-iters was never hashed.
+_LR_SCHEDULE_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in SCHEDULE_FIELDS
+                         if name != "lr_decay_iters"}
+
+
 def config_fingerprint(cfg: Config) -> str:
     """Hash of the settings that decide the numbers a step produces. A resume that changes
-    them is not a continuation of the same run (use --finetune to load the weights anyway).
-    Run length, logging and checkpoint paths are free to change."""
+    them is refused unless it loads weights only (--finetune). The LR schedule is checked on
+    its own (`schedule_resume`), run length, logging and checkpoint paths are free to change."""
     return _hash(fingerprinted(cfg))
+
+
+def config_settings(cfg: Config) -> dict:
+    """The settings `config_fingerprint` hashes, as a checkpoint records them (JSON values), so
+    that a refused resume can say which differ."""
+    return json.loads(json.dumps(fingerprinted(cfg), sort_keys=True, default=asdict))
 
 
 def config_fingerprints(cfg: Config, global_batch_size: int) -> set[str]:
     """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry:
-    today's and the one of checkpoints saved before 2026-12-07. The batch size is hashed, so a
-    resume that changes only it matches the saving run's fingerprint at the saved batch size:
-    the run continues at its consumed-sample count with the new batch, as in Megatron-LM
-    (every sample is a function of its global index, the LR schedule runs per step)."""
-    at = replace(cfg, training=replace(cfg.training, global_batch_size=global_batch_size))
-    return {config_fingerprint(at), legacy_config_fingerprint(at)}
+    today's and those of checkpoints saved before 2026-12-08 (the LR schedule hashed in) and
+    2026-12-07 (the step's schedule too). The batch size is hashed, so a resume that changes
+    only it matches the saving run's fingerprint at the saved batch size: the run continues at
+    its consumed-sample count with the new batch, as in Megatron-LM (every sample is a function
+    of its global index, the LR schedule runs per step)."""
+    settings = fingerprinted(_at_batch(cfg, global_batch_size))
+    before_dec08 = _with(settings, "optim", _LR_SCHEDULE_DEFAULTS, cfg.optim)
+    before_dec07 = _with(before_dec08, "model", _SCHEDULE_DEFAULTS, cfg.model)
+    return {_hash(s) for s in (settings, before_dec08, before_dec07)}
+
+
+def config_mismatch(cfg: Config, saved: RunState) -> str | None:
+    """Why the checkpoint whose run state is `saved` is not one of this run's; None if it is."""
+    batch = saved.global_batch_size or cfg.training.global_batch_size
+    if saved.config_fingerprint in config_fingerprints(cfg, batch):
+        return None
+    at = _at_batch(cfg, batch)
+    changed = _differences(saved.config, config_settings(at)) if saved.config else []
+    if changed:
+        return f"it was saved with other settings: {', '.join(changed)} (checkpoint -> this run)"
+    return (f"its config fingerprint ({saved.config_fingerprint}) differs from this run's "
+            f"({config_fingerprint(at)}); the model, optimizer, seed or data settings changed "
+            f"(or the batch size, which checkpoints saved before 2026-12-07 do not record)")
 
 
 def legacy_config_fingerprint(cfg: Config) -> str:
-    """What checkpoints saved before 2026-12-07 carry: the schedule's settings hashed too."""
-    settings = fingerprinted(cfg)
-    settings["model"].update({k: getattr(cfg.model, k) for k in _SCHEDULE_DEFAULTS})
-    return _hash(settings)
+    """What checkpoints saved before 2026-12-07 carry: both schedules' settings hashed too."""
+    settings = _with(fingerprinted(cfg), "optim", _LR_SCHEDULE_DEFAULTS, cfg.optim)
+    return _hash(_with(settings, "model", _SCHEDULE_DEFAULTS, cfg.model))
+
+
+def _at_batch(cfg: Config, global_batch_size: int) -> Config:
+    return replace(cfg, training=replace(cfg.training, global_batch_size=global_batch_size))
+
+
+def _with(settings: dict, part: str, names: dict, values: object) -> dict:
+    """`settings` with `part`'s `names` at their `values` instead of their defaults."""
+    return {**settings, part: {**settings[part],
+                               **{k: getattr(values, k) for k in names}}}
+
+
+def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """'--flag saved -> now' for each leaf setting that differs."""
+    out = []
+    for key in sorted(saved.keys() | now.keys()):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, prefix)
+        elif a != b:
+            out.append(f"--{key.replace('_', '-')} {a} -> {b}")
+    return out
 
 
 def _hash(settings: dict) -> str:
@@ -92,7 +147,7 @@ def fingerprinted(cfg: Config) -> dict:
         "precision": cfg.precision,
         "optim": {**{k: v for k, v in asdict(cfg.optim).items()
                      if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
-                                  "ddp_bucket_size")}, **_ZERO_DEFAULTS},
+                                  "ddp_bucket_size")}, **_ZERO_DEFAULTS, **_LR_SCHEDULE_DEFAULTS},
         "seed": cfg.training.seed,
         "global_batch_size": cfg.training.global_batch_size,
         "vocab_size": cfg.data.vocab_size,

@@ -35,7 +35,7 @@ from megatron_lgs.optim import (
 )
 from megatron_lgs.platform import Platform, get_platform
 from megatron_lgs.run_config import Config, ConfigError
-from megatron_lgs.run_state import RunState, config_fingerprint, config_fingerprints
+from megatron_lgs.run_state import RunState, config_fingerprint, config_mismatch, config_settings
 from megatron_lgs.training_log import TrainingLog, print_rank_0, print_rank_last
 
 # (cfg, platform, vocab_size, vp_stage) -> one model chunk; vp_stage only when interleaved.
@@ -119,6 +119,7 @@ class Trainer:
         self.said_combined_1f1b = False
         self.forward_backward = get_forward_backward_func()
         self.state = RunState(config_fingerprint=config_fingerprint(cfg),
+                              config=config_settings(cfg),
                               data_fingerprint=self.datasets.fingerprint,
                               global_batch_size=cfg.training.global_batch_size)
         self.monitor = stability.StabilityMonitor(cfg.stability)
@@ -150,7 +151,7 @@ class Trainer:
     def _load(self, ckpt_cfg) -> bool:
         loaded = checkpointing.load_checkpoint(
             ckpt_cfg, self.state, self.model, self.optimizer, self.scheduler, self.lgs,
-            self.datasets, partial(config_fingerprints, self.cfg))
+            self.datasets, partial(config_mismatch, self.cfg))
         if loaded:
             self.monitor.load_state_dict(self.state.stability)
             if self.tuning:

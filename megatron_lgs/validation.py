@@ -180,6 +180,10 @@ def validate(cfg: Config) -> None:
     _validate_lgs(cfg)
     if cfg.checkpoint.load and not os.path.isdir(cfg.checkpoint.load):
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
+    if cfg.checkpoint.override_opt_param_scheduler and \
+            cfg.checkpoint.use_checkpoint_opt_param_scheduler:
+        raise ConfigError("--override-opt_param-scheduler takes this run's LR schedule, "
+                          "--use-checkpoint-opt_param-scheduler the checkpoint's: give one")
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
         raise ConfigError("--finetune starts from the weights of the checkpoint under --load: "
                           "give --load")

@@ -196,8 +196,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(sources, tiny, tm
 def test_a_checkpoint_saved_without_its_optimizer_state_says_so(tiny, tmp_path):
     """A --no-save-optim checkpoint resumed with its optimizer state: until 2026-12-07 the error
     was dist_checkpointing's missing keys under "cannot be read as <the same layout>"."""
-    saved = run_pretrain([*tiny, *BUCKETS, "--train-iters", "2", "--save-interval", "2",
-                          "--no-save-optim"], save_dir=tmp_path / "saved")
+    saved = run_pretrain([*tiny, *BUCKETS, *RUN, "--exit-interval", "2", "--no-save-optim"],
+                         save_dir=tmp_path / "saved")
     args = [*tiny, *BUCKETS, *RUN, "--load", str(saved.save_dir)]
     refused = run_pretrain(args, expect_success=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
@@ -282,10 +282,11 @@ def test_a_checkpoint_with_the_older_data_fingerprint_still_resumes(sources, dat
 
 
 def test_a_finished_run_resumed_says_there_is_nothing_left(sources, tiny, tmp_path):
-    """A requeued job whose run already ended, or a lowered --train-iters: nothing to train, and
-    the log says so instead of ending without a word."""
+    """A requeued job whose run already ended, or a lowered --train-iters (its decay kept, as the
+    LR schedule may not change unasked): nothing to train, and the log says so instead of ending
+    without a word."""
     load = _load_dir(sources("dp1").save_dir, 3, tmp_path / "load")
-    done = run_pretrain([*tiny, *BUCKETS, "--train-iters", "3", "--load", str(load)],
-                        save_dir=tmp_path / "again")
+    done = run_pretrain([*tiny, *BUCKETS, "--train-iters", "3", "--lr-decay-iters", "4",
+                         "--load", str(load)], save_dir=tmp_path / "again")
     assert "iteration 3 of the checkpoint is at or past --train-iters 3" in done.stdout
     assert not done.records("train")

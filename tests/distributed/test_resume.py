@@ -65,7 +65,8 @@ def test_a_different_model_refuses_the_checkpoint_in_one_line(tiny, tmp_path):
     refused = run_pretrain([*tiny, "--train-iters", "4", "--num-layers", "3", "--load",
                             str(save)], save_dir=save, expect_success=False)
     assert refused.returncode == 2
-    assert "config fingerprint" in refused.stderr and "--finetune" in refused.stderr
+    assert "it was saved with other settings: --num-layers 2 -> 3" in refused.stderr
+    assert "--finetune" in refused.stderr
 
 
 def test_finetune_from_a_folder_without_a_checkpoint_is_refused(tiny, tmp_path):
@@ -123,9 +124,46 @@ def test_a_resume_may_change_the_global_batch_size(tiny, tmp_path):
 
     state_file = save / "iter_0000002" / RUN_STATE_FILE
     state = json.loads(state_file.read_text())
-    state.pop("global_batch_size")
+    for recorded_since_then in ("global_batch_size", "config"):
+        state.pop(recorded_since_then)
     state_file.write_text(json.dumps(state))
     refused = run_pretrain([*args, *bigger, "--load", str(save)], expect_success=False,
                            save_dir=tmp_path / "legacy")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "its config fingerprint" in refused.stderr and "do not record" in refused.stderr
+
+
+# One process, and megatron's chained optimizers (dense and expert parameters) under ZeRO-1.
+SCHEDULE_LAYOUTS = {"one process": (1, []),
+                    "MoE EP2 ZeRO-1": (2, ["--num-experts", "2", "--expert-model-parallel-size",
+                                           "2", "--disable-bias-linear",
+                                           "--use-distributed-optimizer"])}
+
+
+@pytest.mark.parametrize("layout", sorted(SCHEDULE_LAYOUTS))
+def test_a_resume_may_change_the_lr_schedule_with_megatrons_flag(tiny, tmp_path, layout):
+    """Stopped at step 2 of 4 and resumed at half the learning rate: refused in one line naming
+    the change and Megatron-LM's two flags; with --override-opt_param-scheduler the third
+    step's loss is the uninterrupted run's (the weights and moments of step 2 came back) and
+    steps 3 and 4 run at a fresh half-rate run's learning rates. Until 2026-12-08 a changed
+    rate was refused as another run, and a longer --train-iters kept the checkpoint's decay
+    without a word."""
+    nproc, extra = SCHEDULE_LAYOUTS[layout]
+    args = [*tiny, *extra, "--train-iters", "4", "--log-interval", "1"]
+    straight = run_pretrain(args, nproc=nproc, save_dir=tmp_path / "straight").records("train")
+    save = tmp_path / "ckpt"
+    run_pretrain([*args, "--exit-interval", "2"], nproc=nproc, save_dir=save)
+    half = [*args, "--lr", "1e-3"]
+    refused = run_pretrain([*half, "--load", str(save)], nproc=nproc, expect_success=False,
+                           save_dir=tmp_path / "refused")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "learning rate (--lr) 0.002 -> 0.001 (checkpoint -> this run)" in refused.stderr
+    assert "--override-opt_param-scheduler" in refused.stderr
+    resumed = run_pretrain([*half, "--override-opt_param-scheduler", "--load", str(save)],
+                           nproc=nproc, save_dir=tmp_path / "resumed")
+    assert "LR schedule from this run's flags" in resumed.stdout
+    steps = resumed.records("train")
+    assert [r["iteration"] for r in steps] == [3, 4]
+    assert steps[0]["loss"] == straight[2]["loss"] and steps[1]["loss"] != straight[3]["loss"]
+    fresh = run_pretrain(half, nproc=nproc, save_dir=tmp_path / "fresh").records("train")
+    assert [r["lr"] for r in steps] == [r["lr"] for r in fresh[2:]]

@@ -33,10 +33,13 @@ def test_sbatch_trains_two_tasks_to_a_checkpoint_then_resumes(cluster, data_cach
     assert f"no checkpoint in {save} yet: starting from iteration 0" in logs
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "4"
 
+    # A longer run decays over its new length: Megatron-LM's flag says so (without it the
+    # changed schedule is refused).
     state, code = cluster.sbatch("--ntasks=2", f"--output={out}",
                                  "launch/slurm/pretrain_gpt.sbatch", "--train-iters", "6",
-                                 *small, env=env)
+                                 "--override-opt_param-scheduler", *small, env=env)
     logs = "\n".join(p.read_text() for p in cluster.root.glob("job-*.out"))
     assert (state, code) == ("COMPLETED", "0:0"), logs[-4000:]
     assert f"loaded checkpoint from {save} at iteration 4" in logs
+    assert "decay steps (--lr-decay-iters, else --train-iters) 4 -> 6" in logs
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "6"

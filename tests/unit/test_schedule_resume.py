@@ -1,0 +1,145 @@
+"""The LR schedule across a resume (schedule_resume): the same schedule resumes, a changed one
+is refused in one line naming what changed, and Megatron-LM's two flags take this run's or
+keep the checkpoint's; the config fingerprint leaves the schedule to this check and a refused
+resume names the settings that differ (run_state)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_lgs import schedule_resume
+from megatron_lgs.arguments import parse_args
+from megatron_lgs.optim import build_scheduler
+from megatron_lgs.run_config import ConfigError
+from megatron_lgs.run_state import (
+    RunState,
+    config_fingerprint,
+    config_fingerprints,
+    config_mismatch,
+    config_settings,
+    legacy_config_fingerprint,
+)
+
+BASE = ["--train-iters", "100", "--lr", "2e-3", "--min-lr", "2e-4", "--weight-decay", "0.1",
+        "--lr-warmup-iters", "10"]
+
+
+class _Optimizer:
+    """The param groups of megatron-core's optimizers: each with its own rate bounds, which
+    megatron's scheduler prefers to its own."""
+
+    def __init__(self, lr: float, min_lr: float) -> None:
+        self.param_groups = [{"params": [], "lr": 0.0, "weight_decay": 0.0, "max_lr": lr,
+                              "min_lr": min_lr} for _ in range(2)]
+
+    def load(self, saved: dict) -> None:
+        """What loading a checkpoint's param groups does to the bounds."""
+        for group in self.param_groups:
+            group["max_lr"], group["min_lr"] = saved["max_lr"], saved["min_lr"]
+
+
+def _scheduler(argv: list[str], steps: int = 0):
+    cfg = parse_args([*BASE, *argv], world_size=1)
+    opt = _Optimizer(cfg.optim.lr, cfg.optim.min_lr)
+    scheduler = build_scheduler(cfg, opt)
+    scheduler.step(increment=steps)
+    return cfg, opt, scheduler
+
+
+def _saved(argv: list[str] = (), steps: int = 40) -> dict:
+    """The schedule a checkpoint records after `steps` steps, through JSON as run_state.json."""
+    _, _, scheduler = _scheduler(list(argv), steps)
+    return json.loads(json.dumps(schedule_resume.state_dict(scheduler)))
+
+
+def test_the_same_schedule_resumes_where_it_stopped():
+    cfg, opt, scheduler = _scheduler([])
+    assert schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt") is None
+    opt.load(_saved())
+    schedule_resume.restore(scheduler, _saved(), cfg.checkpoint)
+    _, straight, _ = _scheduler([], 40)
+    assert scheduler.num_steps == 40 and opt.param_groups == straight.param_groups
+
+
+def test_a_changed_schedule_is_refused_naming_what_changed_and_both_flags():
+    cfg, _, scheduler = _scheduler(["--lr", "1e-3", "--train-iters", "200"])
+    with pytest.raises(ConfigError) as err:
+        schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt")
+    message = str(err.value)
+    assert "learning rate (--lr) 0.002 -> 0.001" in message
+    assert "decay steps (--lr-decay-iters, else --train-iters) 100 -> 200" in message
+    assert "--override-opt_param-scheduler" in message
+    assert "--use-checkpoint-opt_param-scheduler" in message
+    assert "\n" not in message and "weight decay" not in message
+
+
+def test_override_continues_this_runs_schedule_from_the_saved_step():
+    """A lower LR and a longer decay from step 40 on: the LR and weight decay of a fresh run of
+    the new schedule at step 40, though the optimizer's load brought back the old rate's
+    bounds (which left Megatron-LM's override at the old rate, its issue #1138)."""
+    new = ["--lr", "1e-3", "--train-iters", "200", "--weight-decay", "0.05",
+           "--override-opt-param-scheduler"]
+    cfg, opt, scheduler = _scheduler(new)
+    line = schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt")
+    assert line.startswith(" LR schedule from this run's flags") and "step 40" in line
+    assert "weight decay (--weight-decay) 0.1 -> 0.05" in line
+    opt.load(_saved())
+    schedule_resume.restore(scheduler, _saved(), cfg.checkpoint)
+    _, fresh, _ = _scheduler(new, 40)
+    assert scheduler.num_steps == 40 and opt.param_groups == fresh.param_groups
+    assert opt.param_groups[0]["lr"] < 1e-3
+
+
+def test_use_checkpoint_keeps_the_saved_schedule_weight_decay_and_wsd_included():
+    """megatron's load steps before it sets the weight decay, so the first resumed step had the
+    flags' weight decay; WSD's settings are not in megatron's state at all."""
+    wsd = ["--lr-decay-style", "WSD", "--lr-wsd-decay-style", "linear"]
+    saved = _saved([*wsd, "--lr-wsd-decay-iters", "20"], steps=85)
+    cfg, opt, scheduler = _scheduler([*wsd, "--lr-wsd-decay-iters", "50", "--weight-decay",
+                                      "0.3", "--lr", "1e-3",
+                                      "--use-checkpoint-opt_param-scheduler"])
+    line = schedule_resume.check(saved, scheduler, cfg.checkpoint, "ckpt")
+    assert "kept" in line and "WSD decay steps (--lr-wsd-decay-iters) 20 -> 50" in line
+    opt.load(saved)
+    schedule_resume.restore(scheduler, saved, cfg.checkpoint)
+    _, straight, _ = _scheduler([*wsd, "--lr-wsd-decay-iters", "20"], 85)
+    assert opt.param_groups == straight.param_groups
+    assert opt.param_groups[0]["weight_decay"] == 0.1
+
+
+def test_both_flags_are_refused_before_anything_starts(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
+                   world_size=1)
+    assert "give one" in capsys.readouterr().err
+
+
+def test_the_fingerprint_leaves_the_schedule_to_the_check_and_earlier_ones_still_match():
+    cfg = parse_args(BASE, world_size=1)
+    other = parse_args([*BASE, "--lr", "1e-3", "--lr-decay-style", "linear"], world_size=1)
+    assert config_fingerprint(cfg) == config_fingerprint(other)
+    assert config_fingerprint(cfg) != config_fingerprint(parse_args([*BASE, "--clip-grad",
+                                                                     "0.5"], world_size=1))
+    # What a checkpoint of this config carried on 2026-12-07 (the schedule hashed in),
+    # computed by that day's code, and before it.
+    dec07 = parse_args(["--lr", "1e-3", "--weight-decay", "0.1", "--lr-warmup-iters", "10"],
+                       world_size=1)
+    accepted = config_fingerprints(dec07, dec07.training.global_batch_size)
+    assert "61691cab1ec0566c" in accepted and legacy_config_fingerprint(dec07) in accepted
+
+
+def test_a_refused_resume_names_the_settings_that_differ():
+    saved_cfg = parse_args(BASE, world_size=1)
+    saved = RunState(config_fingerprint=config_fingerprint(saved_cfg),
+                     config=json.loads(json.dumps(config_settings(saved_cfg))),
+                     global_batch_size=saved_cfg.training.global_batch_size)
+    assert config_mismatch(saved_cfg, saved) is None
+    run = parse_args([*BASE, "--num-layers", "3", "--adam-beta2", "0.99", "--lr", "1e-3"],
+                     world_size=1)
+    message = config_mismatch(run, saved)
+    assert message == ("it was saved with other settings: --num-layers 4 -> 3, "
+                       "--adam-beta2 0.95 -> 0.99 (checkpoint -> this run)")
+    legacy = RunState(config_fingerprint=saved.config_fingerprint)  # no settings recorded
+    assert "its config fingerprint" in config_mismatch(run, legacy)
