@@ -287,6 +287,8 @@ def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
     g.add_argument("--no-save", dest="save", action="store_const", const=None,
                    help="do not write checkpoints")
     _add(g, "--load", c.load, type=str)
+    _add(g, "--ckpt-step", c.ckpt_step, type=int,
+         help="load this iteration of --load instead of its latest (rewinding a run)")
     _add(g, "--save-interval", c.save_interval, type=int)
     _add(g, "--ckpt-format", c.ckpt_format, choices=["torch_dist"])
     _add(g, "--async-save", c.async_save,

@@ -80,6 +80,31 @@ def latest_iteration(root: str) -> int | None:
     return iteration
 
 
+def saved_iterations(root: str) -> list[int]:
+    """The iterations of the complete checkpoints under `root`, in order."""
+    names = (p.name for p in Path(root).glob("iter_*") if p.is_dir())
+    return sorted(int(n[5:]) for n in names if n[5:].isdigit())
+
+
+def iteration_to_load(cfg: CheckpointConfig) -> int | None:
+    """--ckpt-step's iteration (Megatron-LM's: a run rewound to an earlier checkpoint), else the
+    tracker's; None when there is no checkpoint yet."""
+    assert cfg.load is not None
+    if cfg.ckpt_step is None:
+        return latest_iteration(cfg.load)
+    saved = saved_iterations(cfg.load)
+    if cfg.ckpt_step not in saved:
+        raise ConfigError(f"--ckpt-step {cfg.ckpt_step}: no checkpoint of that iteration under "
+                          f"--load {cfg.load}; it holds "
+                          f"{', '.join(map(str, saved)) if saved else 'none'}")
+    later = [i for i in saved if i > cfg.ckpt_step]
+    if later and dist.get_rank() == dist.get_world_size() - 1:
+        print(f" --ckpt-step {cfg.ckpt_step}: iteration(s) {', '.join(map(str, later))} under "
+              f"{cfg.load} are of the run rewound from; a save of this run at the same "
+              f"iteration replaces one, the others stay", flush=True)
+    return cfg.ckpt_step
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Admits what torch.distributed.checkpoint writes into `.metadata`, nothing else."""
 
@@ -276,12 +301,12 @@ def load_checkpoint(cfg: CheckpointConfig, state: RunState, model,
                     optimizer: MegatronOptimizer, scheduler: OptimizerParamScheduler,
                     lgs: LgsEngine | None, datasets: Datasets | None,
                     config_mismatch: Callable[[RunState], str | None]) -> bool:
-    """Restore from the newest complete checkpoint under --load. Returns False when there is
-    none yet (a fresh start). Refuses, with a clear error, a checkpoint of a different run, or
-    with --finetune one whose vocabulary is not `datasets`'s. `config_mismatch(saved)`: why a
-    checkpoint whose run state is `saved` is not this run's, or None (`run_state`)."""
-    assert cfg.load is not None
-    iteration = latest_iteration(cfg.load)
+    """Restore from the newest complete checkpoint under --load (or --ckpt-step's). Returns
+    False when there is none yet (a fresh start). Refuses, with a clear error, a checkpoint of
+    a different run, or with --finetune one whose vocabulary is not `datasets`'s.
+    `config_mismatch(saved)`: why a checkpoint whose run state is `saved` is not this run's,
+    or None (`run_state`)."""
+    iteration = iteration_to_load(cfg)
     if iteration is None:
         return False
     directory = checkpoint_dir(cfg.load, iteration)

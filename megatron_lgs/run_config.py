@@ -220,6 +220,8 @@ class TrainingConfig:
 class CheckpointConfig:
     save: str | None = "checkpoints/tiny-gpt"
     load: str | None = None
+    # Megatron-LM's --ckpt-step: load this iteration of --load, not the tracker's latest.
+    ckpt_step: int | None = None
     save_interval: int | None = None  # save at the end only when unset
     # Megatron-LM's --async-save: training goes on while megatron-core's forked writer writes.
     async_save: bool = False

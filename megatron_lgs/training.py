@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -134,9 +135,15 @@ class Trainer:
         self.log = TrainingLog(cfg, self.model, self.datasets.vocab_size)
         self.last_step_seconds = 0.0
 
+        # The checkpoint a rollback goes back to: this run's last save, or the one it resumed
+        # from in the folder it saves to (where a later one may be of a run --ckpt-step rewound).
+        self.rollback_to: int | None = None
         if cfg.checkpoint.load and self._load(cfg.checkpoint):
             print_rank_last(f" loaded checkpoint from {cfg.checkpoint.load} at iteration "
                             f"{self.state.iteration}")
+            c = cfg.checkpoint
+            if not c.finetune and c.save and Path(c.load).resolve() == Path(c.save).resolve():
+                self.rollback_to = self.state.iteration
         elif cfg.checkpoint.finetune:
             raise ConfigError(f"--finetune: no checkpoint under --load {cfg.checkpoint.load} "
                               "to take the weights from")
@@ -217,12 +224,12 @@ class Trainer:
     def rollback(self, iteration: int) -> bool:
         """Reload the last checkpoint and skip `iteration` from now on; False if there is no
         checkpoint to go back to (the update is then just skipped)."""
-        save = self.cfg.checkpoint.save
         self.finish_saves()  # the last checkpoint may still be in flight
-        if checkpointing.latest_iteration(save) is None:
+        if self.rollback_to is None:
             return False
         skips = set(self.state.iterations_to_skip) | {iteration}
-        self._load(dataclasses.replace(self.cfg.checkpoint, load=save, finetune=False,
+        self._load(dataclasses.replace(self.cfg.checkpoint, load=self.cfg.checkpoint.save,
+                                       ckpt_step=self.rollback_to, finetune=False,
                                        no_load_optim=False, no_load_rng=False))
         self.state.iterations_to_skip = sorted(skips | set(self.state.iterations_to_skip))
         print_rank_last(f" rolled back to iteration {self.state.iteration}; iteration "
@@ -281,6 +288,7 @@ class Trainer:
             self.async_saves, describe=partial(model_record.write, record=record,
                                                tokenizer_file=self.datasets.tokenizer_file))
         seconds = time.perf_counter() - started
+        self.rollback_to = self.state.iteration
         if self.async_saves:
             print_rank_last(f" writing checkpoint of iteration {self.state.iteration} to {path} "
                             f"in the background (training held {seconds:.2f} s)")

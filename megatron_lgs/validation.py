@@ -184,6 +184,9 @@ def validate(cfg: Config) -> None:
             cfg.checkpoint.use_checkpoint_opt_param_scheduler:
         raise ConfigError("--override-opt_param-scheduler takes this run's LR schedule, "
                           "--use-checkpoint-opt_param-scheduler the checkpoint's: give one")
+    if cfg.checkpoint.ckpt_step is not None and not cfg.checkpoint.load:
+        raise ConfigError("--ckpt-step picks an iteration of the checkpoints under --load: give "
+                          "--load")
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
         raise ConfigError("--finetune starts from the weights of the checkpoint under --load: "
                           "give --load")

@@ -167,3 +167,24 @@ def test_a_resume_may_change_the_lr_schedule_with_megatrons_flag(tiny, tmp_path,
     assert steps[0]["loss"] == straight[2]["loss"] and steps[1]["loss"] != straight[3]["loss"]
     fresh = run_pretrain(half, nproc=nproc, save_dir=tmp_path / "fresh").records("train")
     assert [r["lr"] for r in steps] == [r["lr"] for r in fresh[2:]]
+
+
+def test_ckpt_step_rewinds_to_an_earlier_checkpoint(tiny, tmp_path):
+    """Megatron-LM's --ckpt-step: saved at 2 and 4, rewound to 2 into the same folder, the run
+    trains 3 and 4 again as it did (bitwise), replaces iteration 4 and says that the later
+    checkpoint was of the run rewound from; an iteration never saved is refused in one line
+    naming those that were, and --ckpt-step without --load before anything starts."""
+    args = [*tiny, "--train-iters", "4", "--log-interval", "1", "--save-interval", "2"]
+    save = tmp_path / "ckpt"
+    first = [r["loss"] for r in run_pretrain(args, save_dir=save).records("train")]
+    missing = run_pretrain([*args, "--load", str(save), "--ckpt-step", "3"], save_dir=save,
+                           expect_success=False)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert f"--ckpt-step 3: no checkpoint of that iteration under --load {save}; it holds 2, 4" \
+        in missing.stderr
+    rewound = run_pretrain([*args, "--load", str(save), "--ckpt-step", "2"], save_dir=save)
+    assert "at iteration 2" in rewound.stdout and "iteration(s) 4 under" in rewound.stdout
+    assert [r["loss"] for r in rewound.records("train")][-2:] == first[2:]
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "4"
+    alone = run_pretrain([*args, "--ckpt-step", "2"], expect_success=False)
+    assert alone.returncode == 2 and "--ckpt-step picks an iteration" in alone.stderr

@@ -76,6 +76,24 @@ def test_spike_with_rollback_resumes_from_the_checkpoint_and_skips_the_batch(
     assert records[14]["loss"] == never_saw_batch_k[14]["loss"]
 
 
+def test_a_run_rewound_with_ckpt_step_rolls_back_to_its_own_checkpoint(never_saw_batch_k,
+                                                                        tiny, tmp_path):
+    """Rewound to iteration 5 in the folder that holds 10 and 14 (the run rewound from), a spike
+    at 9 rolls back to 5, the newest checkpoint of this run, not to 14; until 2026-12-08 a
+    rollback went to the folder's newest."""
+    save = tmp_path / "c"
+    run_pretrain([*tiny, *RUN, "--save-interval", "5"], save_dir=save)
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "14"
+    run = run_pretrain([*tiny, *RUN, "--save-interval", "5", "--load", str(save), "--ckpt-step",
+                        "5", "--inject-spike-at", str(K), "--loss-spike-action", "rollback"],
+                       save_dir=save)
+    assert "at iteration 5" in run.stdout and "iteration(s) 10, 14 under" in run.stdout
+    assert "rolled back to iteration 5" in run.stdout
+    records = _by_iteration(run)
+    assert records[K]["reason"] == "in --iterations-to-skip"
+    _after_k_equal(records, never_saw_batch_k)
+
+
 def test_sigterm_saves_exits_zero_and_resumes_bit_exactly(tiny, tmp_path):
     args = [*tiny, "--train-iters", "40", "--log-interval", "1", "--exit-signal-handler"]
     straight = run_pretrain(args, save_dir=tmp_path / "straight").losses()
