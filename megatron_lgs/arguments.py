@@ -300,11 +300,12 @@ def build_parser(prog: str = TRAINER_PROG) -> argparse.ArgumentParser:
     # Megatron-LM's spelling, and the all-hyphen one.
     g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
-                   help="on resume, take this run's LR schedule where it differs from the "
-                   "checkpoint's (the step count continues)")
+                   help="on resume, take this run's LR schedule, clipping and Adam betas/eps "
+                   "where they differ from the checkpoint's (the step count continues)")
     g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
-                   help="on resume, keep the checkpoint's LR schedule where this run's differs")
+                   help="on resume, keep the checkpoint's LR schedule, clipping and Adam "
+                   "betas/eps where this run's differ")
 
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=[],

@@ -230,8 +230,9 @@ class CheckpointConfig:
     no_load_optim: bool = False
     no_load_rng: bool = False
     finetune: bool = False
-    # Megatron-LM's: a resume takes this run's LR schedule, or the checkpoint's, where they
-    # differ (schedule_resume); with neither the resume is refused.
+    # Megatron-LM's: a resume takes this run's LR schedule (and clipping, Adam's betas and
+    # epsilon), or the checkpoint's, where they differ (schedule_resume); with neither the
+    # resume is refused.
     override_opt_param_scheduler: bool = False
     use_checkpoint_opt_param_scheduler: bool = False
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from megatron_lgs.run_config import Config, ModelConfig, OptimizerConfig
-from megatron_lgs.schedule_resume import SCHEDULE_FIELDS
+from megatron_lgs.schedule_resume import CHECKED_FIELDS
 
 
 @dataclass
@@ -57,18 +57,20 @@ _SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
     "moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm")}
 
 
-# The LR and weight-decay schedule: a resume checks it against the checkpoint's scheduler state
-# (`schedule_resume`), as Megatron-LM does, and may change it with --override-opt_param-scheduler.
-# Its defaults stand in, so a run on the default schedule has the fingerprint it always had.
-# Since 2026-12-08. --lr-decay-iters was never hashed.
-_LR_SCHEDULE_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in SCHEDULE_FIELDS
+# The LR and weight-decay schedule, clipping and Adam's betas and epsilon: a resume checks them
+# against the checkpoint's record (`schedule_resume`), as Megatron-LM checks the schedule, and
+# may change them with --override-opt_param-scheduler. Their defaults stand in, so a run on the
+# defaults has the fingerprint it always had. Since 2026-12-08. --lr-decay-iters was never
+# hashed.
+_LR_SCHEDULE_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in CHECKED_FIELDS
                          if name != "lr_decay_iters"}
 
 
 def config_fingerprint(cfg: Config) -> str:
     """Hash of the settings that decide the numbers a step produces. A resume that changes
-    them is refused unless it loads weights only (--finetune). The LR schedule is checked on
-    its own (`schedule_resume`), run length, logging and checkpoint paths are free to change."""
+    them is refused unless it loads weights only (--finetune). The LR schedule, clipping and
+    Adam's betas and epsilon are checked on their own (`schedule_resume`); run length, logging
+    and checkpoint paths are free to change."""
     return _hash(fingerprinted(cfg))
 
 
@@ -80,7 +82,8 @@ def config_settings(cfg: Config) -> dict:
 
 def config_fingerprints(cfg: Config, global_batch_size: int) -> set[str]:
     """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry:
-    today's and those of checkpoints saved before 2026-12-08 (the LR schedule hashed in) and
+    today's and those of checkpoints saved before 2026-12-08 (the LR schedule, clipping and
+    betas hashed in) and
     2026-12-07 (the step's schedule too). The batch size is hashed, so a resume that changes
     only it matches the saving run's fingerprint at the saved batch size: the run continues at
     its consumed-sample count with the new batch, as in Megatron-LM (every sample is a function

@@ -182,7 +182,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--load {cfg.checkpoint.load}: no such directory")
     if cfg.checkpoint.override_opt_param_scheduler and \
             cfg.checkpoint.use_checkpoint_opt_param_scheduler:
-        raise ConfigError("--override-opt_param-scheduler takes this run's LR schedule, "
+        raise ConfigError("--override-opt_param-scheduler takes this run's optimizer settings, "
                           "--use-checkpoint-opt_param-scheduler the checkpoint's: give one")
     if cfg.checkpoint.ckpt_step is not None and not cfg.checkpoint.load:
         raise ConfigError("--ckpt-step picks an iteration of the checkpoints under --load: give "

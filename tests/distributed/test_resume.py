@@ -143,11 +143,11 @@ SCHEDULE_LAYOUTS = {"one process": (1, []),
 @pytest.mark.parametrize("layout", sorted(SCHEDULE_LAYOUTS))
 def test_a_resume_may_change_the_lr_schedule_with_megatrons_flag(tiny, tmp_path, layout):
     """Stopped at step 2 of 4 and resumed at half the learning rate: refused in one line naming
-    the change and Megatron-LM's two flags; with --override-opt_param-scheduler the third
-    step's loss is the uninterrupted run's (the weights and moments of step 2 came back) and
-    steps 3 and 4 run at a fresh half-rate run's learning rates. Until 2026-12-08 a changed
-    rate was refused as another run, and a longer --train-iters kept the checkpoint's decay
-    without a word."""
+    the change and Megatron-LM's two flags; with --override-opt_param-scheduler (and other
+    clipping) the third step's loss is the uninterrupted run's (the weights and moments of step
+    2 came back) and steps 3 and 4 run at a fresh half-rate run's learning rates. Until
+    2026-12-08 a changed rate or clipping was refused as another run, and a longer
+    --train-iters kept the checkpoint's decay without a word."""
     nproc, extra = SCHEDULE_LAYOUTS[layout]
     args = [*tiny, *extra, "--train-iters", "4", "--log-interval", "1"]
     straight = run_pretrain(args, nproc=nproc, save_dir=tmp_path / "straight").records("train")
@@ -159,9 +159,10 @@ def test_a_resume_may_change_the_lr_schedule_with_megatrons_flag(tiny, tmp_path,
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "learning rate (--lr) 0.002 -> 0.001 (checkpoint -> this run)" in refused.stderr
     assert "--override-opt_param-scheduler" in refused.stderr
-    resumed = run_pretrain([*half, "--override-opt_param-scheduler", "--load", str(save)],
-                           nproc=nproc, save_dir=tmp_path / "resumed")
-    assert "LR schedule from this run's flags" in resumed.stdout
+    resumed = run_pretrain([*half, "--clip-grad", "0.9", "--override-opt_param-scheduler",
+                            "--load", str(save)], nproc=nproc, save_dir=tmp_path / "resumed")
+    assert "optimizer settings from this run's flags" in resumed.stdout
+    assert "--clip-grad 1.0 -> 0.9" in resumed.stdout
     steps = resumed.records("train")
     assert [r["iteration"] for r in steps] == [3, 4]
     assert steps[0]["loss"] == straight[2]["loss"] and steps[1]["loss"] != straight[3]["loss"]

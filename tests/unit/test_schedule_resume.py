@@ -1,11 +1,12 @@
-"""The LR schedule across a resume (schedule_resume): the same schedule resumes, a changed one
-is refused in one line naming what changed, and Megatron-LM's two flags take this run's or
-keep the checkpoint's; the config fingerprint leaves the schedule to this check and a refused
-resume names the settings that differ (run_state)."""
+"""The optimizer's settings across a resume (schedule_resume): the same LR schedule, clipping
+and betas resume, changed ones are refused in one line naming what changed, and Megatron-LM's
+two flags take this run's or keep the checkpoint's; the config fingerprint leaves them to this
+check and a refused resume names the settings that differ (run_state)."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,22 +28,29 @@ BASE = ["--train-iters", "100", "--lr", "2e-3", "--min-lr", "2e-4", "--weight-de
 
 
 class _Optimizer:
-    """The param groups of megatron-core's optimizers: each with its own rate bounds, which
-    megatron's scheduler prefers to its own."""
+    """What megatron-core's Adam has of these settings: param groups each with its own rate
+    bounds (which megatron's scheduler prefers to its own), betas and epsilon, and the config
+    its clipping reads."""
 
-    def __init__(self, lr: float, min_lr: float) -> None:
-        self.param_groups = [{"params": [], "lr": 0.0, "weight_decay": 0.0, "max_lr": lr,
-                              "min_lr": min_lr} for _ in range(2)]
+    def __init__(self, o) -> None:
+        self.config = SimpleNamespace(clip_grad=o.clip_grad, adam_beta1=o.adam_beta1,
+                                      adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
+                                      sgd_momentum=o.sgd_momentum)
+        self.param_groups = [{"params": [], "lr": 0.0, "weight_decay": 0.0, "max_lr": o.lr,
+                              "min_lr": o.min_lr, "betas": (o.adam_beta1, o.adam_beta2),
+                              "eps": o.adam_eps} for _ in range(2)]
 
     def load(self, saved: dict) -> None:
-        """What loading a checkpoint's param groups does to the bounds."""
+        """What loading a checkpoint's param groups does."""
         for group in self.param_groups:
             group["max_lr"], group["min_lr"] = saved["max_lr"], saved["min_lr"]
+            group["betas"] = (saved["adam_beta1"], saved["adam_beta2"])
+            group["eps"] = saved["adam_eps"]
 
 
 def _scheduler(argv: list[str], steps: int = 0):
     cfg = parse_args([*BASE, *argv], world_size=1)
-    opt = _Optimizer(cfg.optim.lr, cfg.optim.min_lr)
+    opt = _Optimizer(cfg.optim)
     scheduler = build_scheduler(cfg, opt)
     scheduler.step(increment=steps)
     return cfg, opt, scheduler
@@ -83,7 +91,7 @@ def test_override_continues_this_runs_schedule_from_the_saved_step():
            "--override-opt-param-scheduler"]
     cfg, opt, scheduler = _scheduler(new)
     line = schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt")
-    assert line.startswith(" LR schedule from this run's flags") and "step 40" in line
+    assert line.startswith(" optimizer settings from this run's flags") and "step 40" in line
     assert "weight decay (--weight-decay) 0.1 -> 0.05" in line
     opt.load(_saved())
     schedule_resume.restore(scheduler, _saved(), cfg.checkpoint)
@@ -116,12 +124,13 @@ def test_both_flags_are_refused_before_anything_starts(capsys):
     assert "give one" in capsys.readouterr().err
 
 
-def test_the_fingerprint_leaves_the_schedule_to_the_check_and_earlier_ones_still_match():
+def test_the_fingerprint_leaves_these_settings_to_the_check_and_earlier_ones_still_match():
     cfg = parse_args(BASE, world_size=1)
-    other = parse_args([*BASE, "--lr", "1e-3", "--lr-decay-style", "linear"], world_size=1)
+    other = parse_args([*BASE, "--lr", "1e-3", "--lr-decay-style", "linear", "--clip-grad",
+                        "0.5", "--adam-beta2", "0.99"], world_size=1)
     assert config_fingerprint(cfg) == config_fingerprint(other)
-    assert config_fingerprint(cfg) != config_fingerprint(parse_args([*BASE, "--clip-grad",
-                                                                     "0.5"], world_size=1))
+    assert config_fingerprint(cfg) != config_fingerprint(parse_args([*BASE, "--seed", "7"],
+                                                                    world_size=1))
     # What a checkpoint of this config carried on 2026-12-07 (the schedule hashed in),
     # computed by that day's code, and before it.
     dec07 = parse_args(["--lr", "1e-3", "--weight-decay", "0.1", "--lr-warmup-iters", "10"],
@@ -136,10 +145,29 @@ def test_a_refused_resume_names_the_settings_that_differ():
                      config=json.loads(json.dumps(config_settings(saved_cfg))),
                      global_batch_size=saved_cfg.training.global_batch_size)
     assert config_mismatch(saved_cfg, saved) is None
-    run = parse_args([*BASE, "--num-layers", "3", "--adam-beta2", "0.99", "--lr", "1e-3"],
+    run = parse_args([*BASE, "--num-layers", "3", "--seed", "7", "--lr", "1e-3"],
                      world_size=1)
     message = config_mismatch(run, saved)
     assert message == ("it was saved with other settings: --num-layers 4 -> 3, "
-                       "--adam-beta2 0.95 -> 0.99 (checkpoint -> this run)")
+                       "--seed 1234 -> 7 (checkpoint -> this run)")
     legacy = RunState(config_fingerprint=saved.config_fingerprint)  # no settings recorded
     assert "its config fingerprint" in config_mismatch(run, legacy)
+
+
+def test_clipping_and_betas_change_with_the_schedule_and_are_set_where_megatron_reads_them():
+    """Tighter clipping and another beta2 after a spike: refused unasked; with the override in
+    the config megatron's clipping reads and in the param groups the optimizer's load refilled
+    with the checkpoint's; kept with --use-checkpoint-opt_param-scheduler."""
+    tighter = ["--clip-grad", "0.3", "--adam-beta2", "0.99", "--adam-eps", "1e-6"]
+    cfg, _, scheduler = _scheduler(tighter)
+    with pytest.raises(ConfigError, match=r"--clip-grad 1.0 -> 0.3, --adam-beta2 0.95 -> 0.99, "
+                                          r"--adam-eps 1e-08 -> 1e-06 \(checkpoint"):
+        schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt")
+    for flag, (clip, beta2, eps) in (("--override-opt_param-scheduler", (0.3, 0.99, 1e-6)),
+                                     ("--use-checkpoint-opt_param-scheduler", (1.0, 0.95, 1e-8))):
+        cfg, opt, scheduler = _scheduler([*tighter, flag])
+        assert schedule_resume.check(_saved(), scheduler, cfg.checkpoint, "ckpt")
+        opt.load(_saved())
+        schedule_resume.restore(scheduler, _saved(), cfg.checkpoint)
+        assert opt.config.clip_grad == clip and opt.config.adam_beta2 == beta2
+        assert all(g["betas"] == (0.9, beta2) and g["eps"] == eps for g in opt.param_groups)
