@@ -62,7 +62,7 @@ _SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
 # may change them with --override-opt_param-scheduler. Their defaults stand in, so a run on the
 # defaults has the fingerprint it always had. Since 2026-12-08. --lr-decay-iters was never
 # hashed.
-_LR_SCHEDULE_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in CHECKED_FIELDS
+_CHECKED_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in CHECKED_FIELDS
                          if name != "lr_decay_iters"}
 
 
@@ -83,13 +83,12 @@ def config_settings(cfg: Config) -> dict:
 def config_fingerprints(cfg: Config, global_batch_size: int) -> set[str]:
     """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry:
     today's and those of checkpoints saved before 2026-12-08 (the LR schedule, clipping and
-    betas hashed in) and
-    2026-12-07 (the step's schedule too). The batch size is hashed, so a resume that changes
-    only it matches the saving run's fingerprint at the saved batch size: the run continues at
-    its consumed-sample count with the new batch, as in Megatron-LM (every sample is a function
-    of its global index, the LR schedule runs per step)."""
+    betas hashed in) and 2026-12-07 (the step's schedule too). The batch size is hashed, so a
+    resume that changes only it matches the saving run's fingerprint at the saved batch size:
+    the run continues at its consumed-sample count with the new batch, as in Megatron-LM
+    (every sample is a function of its global index, the LR schedule runs per step)."""
     settings = fingerprinted(_at_batch(cfg, global_batch_size))
-    before_dec08 = _with(settings, "optim", _LR_SCHEDULE_DEFAULTS, cfg.optim)
+    before_dec08 = _with(settings, "optim", _CHECKED_DEFAULTS, cfg.optim)
     before_dec07 = _with(before_dec08, "model", _SCHEDULE_DEFAULTS, cfg.model)
     return {_hash(s) for s in (settings, before_dec08, before_dec07)}
 
@@ -110,7 +109,7 @@ def config_mismatch(cfg: Config, saved: RunState) -> str | None:
 
 def legacy_config_fingerprint(cfg: Config) -> str:
     """What checkpoints saved before 2026-12-07 carry: both schedules' settings hashed too."""
-    settings = _with(fingerprinted(cfg), "optim", _LR_SCHEDULE_DEFAULTS, cfg.optim)
+    settings = _with(fingerprinted(cfg), "optim", _CHECKED_DEFAULTS, cfg.optim)
     return _hash(_with(settings, "model", _SCHEDULE_DEFAULTS, cfg.model))
 
 
@@ -124,13 +123,13 @@ def _with(settings: dict, part: str, names: dict, values: object) -> dict:
                                **{k: getattr(values, k) for k in names}}}
 
 
-def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+def _differences(saved: dict, now: dict) -> list[str]:
     """'--flag saved -> now' for each leaf setting that differs."""
     out = []
     for key in sorted(saved.keys() | now.keys()):
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, prefix)
+            out += _differences(a, b)
         elif a != b:
             out.append(f"--{key.replace('_', '-')} {a} -> {b}")
     return out
@@ -150,7 +149,7 @@ def fingerprinted(cfg: Config) -> dict:
         "precision": cfg.precision,
         "optim": {**{k: v for k, v in asdict(cfg.optim).items()
                      if k not in ("lr_decay_iters", "overlap_grad_reduce", "overlap_param_gather",
-                                  "ddp_bucket_size")}, **_ZERO_DEFAULTS, **_LR_SCHEDULE_DEFAULTS},
+                                  "ddp_bucket_size")}, **_ZERO_DEFAULTS, **_CHECKED_DEFAULTS},
         "seed": cfg.training.seed,
         "global_batch_size": cfg.training.global_batch_size,
         "vocab_size": cfg.data.vocab_size,
