@@ -80,23 +80,28 @@ def config_settings(cfg: Config) -> dict:
     return json.loads(json.dumps(fingerprinted(cfg), sort_keys=True, default=asdict))
 
 
-def config_fingerprints(cfg: Config, global_batch_size: int) -> set[str]:
-    """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry:
-    today's and those of checkpoints saved before 2026-12-08 (the LR schedule, clipping and
-    betas hashed in) and 2026-12-07 (the step's schedule too). The batch size is hashed, so a
-    resume that changes only it matches the saving run's fingerprint at the saved batch size:
-    the run continues at its consumed-sample count with the new batch, as in Megatron-LM
-    (every sample is a function of its global index, the LR schedule runs per step)."""
+def config_fingerprints(cfg: Config, global_batch_size: int) -> tuple[str, str, str]:
+    """The config fingerprints a checkpoint of this run saved at `global_batch_size` may carry,
+    in this order: today's, and those of checkpoints saved before 2026-12-08 (the LR schedule,
+    clipping and betas hashed in) and 2026-12-07 (the step's schedule too). The batch size is
+    hashed, so a resume that changes only it matches the saving run's fingerprint at the saved
+    batch size: the run continues at its consumed-sample count with the new batch, as in
+    Megatron-LM (every sample is a function of its global index, the LR schedule runs per
+    step)."""
     settings = fingerprinted(_at_batch(cfg, global_batch_size))
     before_dec08 = _with(settings, "optim", _CHECKED_DEFAULTS, cfg.optim)
     before_dec07 = _with(before_dec08, "model", _SCHEDULE_DEFAULTS, cfg.model)
-    return {_hash(s) for s in (settings, before_dec08, before_dec07)}
+    return _hash(settings), _hash(before_dec08), _hash(before_dec07)
 
 
 def config_mismatch(cfg: Config, saved: RunState) -> str | None:
     """Why the checkpoint whose run state is `saved` is not one of this run's; None if it is."""
     batch = saved.global_batch_size or cfg.training.global_batch_size
-    if saved.config_fingerprint in config_fingerprints(cfg, batch):
+    today, *before = config_fingerprints(cfg, batch)
+    # A checkpoint that records no settings was saved before 2026-12-08, with its clipping and
+    # betas in its hash and not beside its schedule: today's hash, which leaves them out, would
+    # let them change unseen.
+    if saved.config_fingerprint in (before if not saved.config else [today, *before]):
         return None
     at = _at_batch(cfg, batch)
     changed = _differences(saved.config, config_settings(at)) if saved.config else []

@@ -137,6 +137,13 @@ def test_the_fingerprint_leaves_these_settings_to_the_check_and_earlier_ones_sti
                        world_size=1)
     accepted = config_fingerprints(dec07, dec07.training.global_batch_size)
     assert "61691cab1ec0566c" in accepted and legacy_config_fingerprint(dec07) in accepted
+    # A checkpoint of then, at the default clipping, matches today's hash too, which leaves the
+    # clipping out; it records no clipping beside its schedule, so it may not change unseen.
+    default = parse_args([], world_size=1)
+    then = RunState(config_fingerprint=config_fingerprint(default))
+    assert config_mismatch(default, then) is None
+    assert "its config fingerprint" in config_mismatch(parse_args(["--clip-grad", "0.5"],
+                                                                  world_size=1), then)
 
 
 def test_a_refused_resume_names_the_settings_that_differ():
