@@ -63,7 +63,7 @@ _SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
 # defaults has the fingerprint it always had. Since 2026-12-08. --lr-decay-iters was never
 # hashed.
 _CHECKED_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in CHECKED_FIELDS
-                         if name != "lr_decay_iters"}
+                     if name != "lr_decay_iters"}
 
 
 def config_fingerprint(cfg: Config) -> str:

@@ -107,9 +107,7 @@ def restore(scheduler: OptimizerParamScheduler, saved: dict, cfg: CheckpointConf
         for key in ("wsd_decay_steps", "lr_wsd_decay_style"):
             if key in saved:
                 setattr(scheduler, key, saved[key])
-        _set_step_settings(scheduler.optimizer, saved)
-    else:
-        _set_step_settings(scheduler.optimizer, {})
+    _set_step_settings(scheduler.optimizer, {} if cfg.override_opt_param_scheduler else saved)
     # megatron's get_lr takes each param group's own bounds over the scheduler's, and the
     # optimizer's load brought back the checkpoint's: with megatron's override alone the old
     # rate stays (Megatron-LM issue #1138, PR #1284 open). Every group here has the run's --lr
@@ -129,7 +127,7 @@ def _set_step_settings(optimizer: object, saved: dict) -> None:
     if config is None:
         return
     values = {k: saved.get(k, getattr(config, k)) for k in STEP_NAMES}
-    for inner in {id(o): o for o in [optimizer, *inner_optimizers(optimizer)]}.values():
+    for inner in [optimizer, *inner_optimizers(optimizer)]:
         for key, value in values.items():
             setattr(inner.config, key, value)
     for group in optimizer.param_groups:
