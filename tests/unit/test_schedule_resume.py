@@ -178,3 +178,26 @@ def test_clipping_and_betas_change_with_the_schedule_and_are_set_where_megatron_
         schedule_resume.restore(scheduler, _saved(), cfg.checkpoint)
         assert opt.config.clip_grad == clip and opt.config.adam_beta2 == beta2
         assert all(g["betas"] == (0.9, beta2) and g["eps"] == eps for g in opt.param_groups)
+
+
+def test_a_wsd_cool_down_branches_off_the_constant_phase():
+    """A WSD run stopped at step 40 of 100 while constant, branched to end at 60 with a decay
+    over its last 10 steps: the branch's rates are those of a fresh run of the branch's
+    schedule, decaying over 51-60 to the minimum."""
+    wsd = ["--lr-decay-style", "WSD", "--lr-wsd-decay-style", "linear"]
+    saved = _saved([*wsd, "--lr-wsd-decay-iters", "20"], steps=40)
+    branch = [*wsd, "--train-iters", "60", "--lr-wsd-decay-iters", "10",
+              "--override-opt_param-scheduler"]
+    cfg, opt, scheduler = _scheduler(branch)
+    assert "WSD decay steps (--lr-wsd-decay-iters) 20 -> 10" in schedule_resume.check(
+        saved, scheduler, cfg.checkpoint, "ckpt")
+    opt.load(saved)
+    schedule_resume.restore(scheduler, saved, cfg.checkpoint)
+    _, fresh, fresh_scheduler = _scheduler(branch, 40)
+    rates = []
+    for _ in range(20):
+        scheduler.step(1)
+        fresh_scheduler.step(1)
+        assert opt.param_groups == fresh.param_groups
+        rates.append(opt.param_groups[0]["lr"])
+    assert rates[9] == 2e-3 and rates[10] < 2e-3 and rates[-1] == 2e-4
