@@ -205,6 +205,9 @@ def test_a_checkpoint_saved_without_its_optimizer_state_says_so(tiny, tmp_path):
         in refused.stderr
     weights = run_pretrain([*args, "--no-load-optim"], save_dir=tmp_path / "weights")
     assert [r["iteration"] for r in weights.records("train")] == [3, 4]
+    # The moments start afresh, the LR schedule goes on decaying from step 2 (Megatron-LM
+    # restarts it).
+    assert weights.records("train")[0]["lr"] < saved.records("train")[-1]["lr"]
 
 
 def test_a_plain_optimizer_checkpoint_of_the_older_format_still_resumes(tiny, tmp_path):
