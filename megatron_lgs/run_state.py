@@ -7,7 +7,6 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from megatron_lgs.run_config import Config, ModelConfig, OptimizerConfig
-from megatron_lgs.schedule_resume import CHECKED_FIELDS
 
 
 @dataclass
@@ -62,8 +61,10 @@ _SCHEDULE_DEFAULTS = {name: getattr(ModelConfig(), name) for name in (
 # may change them with --override-opt_param-scheduler. Their defaults stand in, so a run on the
 # defaults has the fingerprint it always had. Since 2026-12-08. --lr-decay-iters was never
 # hashed.
-_CHECKED_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in CHECKED_FIELDS
-                     if name != "lr_decay_iters"}
+_CHECKED_DEFAULTS = {name: getattr(OptimizerConfig(), name) for name in (
+    "lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "lr_warmup_fraction",
+    "lr_wsd_decay_style", "lr_wsd_decay_iters", "weight_decay", "clip_grad", "adam_beta1",
+    "adam_beta2", "adam_eps", "sgd_momentum")}
 
 
 def config_fingerprint(cfg: Config) -> str:

@@ -24,17 +24,12 @@ the weight decay).
 
 from __future__ import annotations
 
+from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_lgs.optimizer_checkpoint import inner_optimizers
 from megatron_lgs.run_config import CheckpointConfig, ConfigError
 
-# The optimizer settings this module checks, as megatron's scheduler state and `STEP_NAMES`;
-# the fingerprint leaves them out (`run_state`).
-CHECKED_FIELDS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_warmup_iters",
-                  "lr_warmup_fraction", "lr_wsd_decay_style", "lr_wsd_decay_iters",
-                  "weight_decay", "clip_grad", "adam_beta1", "adam_beta2", "adam_eps",
-                  "sgd_momentum")
 # The scheduler state's entries a run sets, as a message names them; the weight decay's end,
 # steps and style follow from --weight-decay and the decay steps (optim.build_scheduler). WSD's
 # two are ours: megatron's state_dict() leaves them out; checkpoints saved before 2026-12-08
@@ -61,10 +56,10 @@ OVERRIDE, USE_CHECKPOINT = "--override-opt_param-scheduler", "--use-checkpoint-o
 def state_dict(scheduler: OptimizerParamScheduler) -> dict:
     """What a checkpoint records: megatron's scheduler state, WSD's settings and the step's
     (from the optimizer's config, where the run's are in effect)."""
-    config = getattr(scheduler.optimizer, "config", None)
+    config = scheduler.optimizer.config
     return {**scheduler.state_dict(), "wsd_decay_steps": scheduler.wsd_decay_steps,
             "lr_wsd_decay_style": scheduler.lr_wsd_decay_style,
-            **({k: getattr(config, k) for k in STEP_NAMES} if config is not None else {})}
+            **{k: getattr(config, k) for k in STEP_NAMES}}
 
 
 def changes(saved: dict, scheduler: OptimizerParamScheduler) -> list[str]:
@@ -72,7 +67,7 @@ def changes(saved: dict, scheduler: OptimizerParamScheduler) -> list[str]:
     now = state_dict(scheduler)
     return [f"{label} {saved[key]} -> {now[key]}"
             for key, label in {**NAMES, **STEP_NAMES}.items()
-            if key in saved and key in now and saved[key] != now[key]]
+            if key in saved and saved[key] != now[key]]
 
 
 def check(saved: dict, scheduler: OptimizerParamScheduler, cfg: CheckpointConfig,
@@ -119,14 +114,11 @@ def restore(scheduler: OptimizerParamScheduler, saved: dict, cfg: CheckpointConf
     scheduler.step(0)
 
 
-def _set_step_settings(optimizer: object, saved: dict) -> None:
+def _set_step_settings(optimizer: MegatronOptimizer, saved: dict) -> None:
     """Put `saved`'s step settings (the run's where it has none) into every inner optimizer's
     config, which megatron's clipping reads, and the betas, epsilon and momentum into the
     param groups, which the optimizer's load took from the checkpoint."""
-    config = getattr(optimizer, "config", None)
-    if config is None:
-        return
-    values = {k: saved.get(k, getattr(config, k)) for k in STEP_NAMES}
+    values = {k: saved.get(k, getattr(optimizer.config, k)) for k in STEP_NAMES}
     for inner in [optimizer, *inner_optimizers(optimizer)]:
         for key, value in values.items():
             setattr(inner.config, key, value)
