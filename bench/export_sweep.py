@@ -29,7 +29,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may download
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from bench.layout_sweep import BASE, MODEL_FLAGS, MODELS, draw, refused  # noqa: E402
+from bench.layout_sweep import (  # noqa: E402
+    BASE,
+    MODELS,
+    draw,
+    reference_flags,
+    refused,
+    refused_at_start,
+)
 from megatron_lgs.convert import export  # noqa: E402
 from tests.conftest import Run, run_pretrain  # noqa: E402
 
@@ -84,8 +91,7 @@ def sweep(runs: int, rng: random.Random, work: Path) -> int:
         if refused([*model, *layout], world):
             outcome["refused in one line"] += 1
             continue
-        same = tuple(f for f in layout if f in MODEL_FLAGS) + \
-            ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1])
+        same = reference_flags(layout)
         if (kind, same) not in references:
             reference = work / f"reference-{len(references)}"
             one = run_pretrain([*model, *same], save_dir=reference)
@@ -93,10 +99,10 @@ def sweep(runs: int, rng: random.Random, work: Path) -> int:
         saved = work / "checkpoint"
         run = run_pretrain([*model, *layout], nproc=world, save_dir=saved, expect_success=False)
         name = f"{kind} world {world} {' '.join(layout)}"
-        if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
-            outcome["refused in one line at start"] += 1  # platform limits (gloo)
-            print(f"refused  at start  {name}\n  {run.stderr.strip().splitlines()[-1]}",
-                  flush=True)
+        reason = refused_at_start(run)
+        if reason:
+            outcome["refused in one line at start"] += 1
+            print(f"refused  at start  {name}\n  {reason}", flush=True)
             shutil.rmtree(saved, ignore_errors=True)
             continue
         trained += 1

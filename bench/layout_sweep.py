@@ -108,6 +108,21 @@ def refused(argv: list[str], world: int) -> bool:
     return False
 
 
+def reference_flags(layout: list[str]) -> tuple[str, ...]:
+    """What the one-process reference keeps of a drawn layout: its model flags and, as MoE's
+    load-balancing loss is per micro-batch, its micro-batch size."""
+    return tuple(f for f in layout if f in MODEL_FLAGS) + \
+        ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1])
+
+
+def refused_at_start(run: Run) -> str | None:
+    """The line a run the trainer refused at start ended with (platform limits, refused
+    reshards); None for a run that trained or crashed."""
+    if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
+        return run.stderr.strip().splitlines()[-1]
+    return None
+
+
 def other_layout(rng: random.Random, kind: str, layout: list[str], cache: str,
                  base: list[str]) -> tuple[int, list[str]]:
     """Another accepted layout of the same model: `layout`'s model flags and micro-batch size
@@ -179,11 +194,7 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path, base: li
         resume = other_layout(rng, kind, layout, cache, base) if resume_each else None
         if resume is not None and grow_batch:
             resume = resume[0], [*resume[1], *GROWN_BATCH]
-        # The reference runs the same model (and, as MoE's load-balancing loss is per
-        # micro-batch, the same micro-batch size) in one process.
-        same = tuple(f for f in layout if f in MODEL_FLAGS) + \
-            ("--micro-batch-size", layout[layout.index("--micro-batch-size") + 1]) + \
-            (tuple(RAMP_TO_GROWN) if grow_batch else ())
+        same = reference_flags(layout) + (tuple(RAMP_TO_GROWN) if grow_batch else ())
         if (kind, same) not in references:
             references[kind, same] = run_pretrain(
                 [*base, *model, "--data-cache-dir", cache, *same]).logged_losses()
@@ -191,9 +202,9 @@ def sweep(runs: int, resume_each: bool, rng: random.Random, work: Path, base: li
         then, run = trial(argv, world, resume, saved)
         shutil.rmtree(saved, ignore_errors=True)
         name = f"{kind} world {world} {' '.join(layout)}{then}"
-        if run.returncode != 0 and "Traceback" not in run.stderr and "error: " in run.stderr:
-            outcome["refused in one line at start"] += 1  # platform limits, refused reshards
-            reason = run.stderr.strip().splitlines()[-1]
+        reason = refused_at_start(run)
+        if reason:
+            outcome["refused in one line at start"] += 1
             print(f"refused  at start  {name}\n  {reason}", flush=True)
             continue
         trained += 1
